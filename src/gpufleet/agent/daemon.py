@@ -1,0 +1,191 @@
+"""The agent's main loop: join once, then keep the channel to the head open, reconnecting with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from gpufleet.agent.credentials import Credential, CredentialStore
+from gpufleet.agent.inventory import InventorySource
+from gpufleet.client import AgentHttp
+from gpufleet.core.errors import GpufleetError, Unauthorized, Unavailable
+from gpufleet.protocol.inventory import NodeInventory
+from gpufleet.protocol.messages import (
+    CLOSE_NODE_GONE,
+    CLOSE_UNAUTHORIZED,
+    MAX_CHANNEL_MESSAGE_BYTES,
+    Ack,
+    Heartbeat,
+    Hello,
+    Welcome,
+    head_message_adapter,
+)
+
+log = logging.getLogger(__name__)
+CLOSE_REPLACED = 4409
+
+
+class AgentStopped(GpufleetError):
+    """The head refused this node for good (credential revoked, node removed); retrying cannot help."""
+
+    exit_code = 5
+
+
+@dataclass
+class AgentOptions:
+    server: str
+    name: str
+    join_token: str | None = None
+    heartbeat_interval_s: float | None = None  # None: the interval the head hands out at join
+    inventory_check_s: float = 60.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 10.0
+
+
+def channel_url(server: str) -> str:
+    if server.startswith("https://"):
+        return "wss://" + server.removeprefix("https://") + "/api/v1/agent/channel"
+    return "ws://" + server.removeprefix("http://") + "/api/v1/agent/channel"
+
+
+class Agent:
+    """One node's agent. The simulator runs many in one process; only the inventory source differs."""
+
+    def __init__(
+        self, options: AgentOptions, store: CredentialStore, http: AgentHttp, read_inventory: InventorySource
+    ) -> None:
+        self.options = options
+        self.store = store
+        self.http = http
+        self.read_inventory = read_inventory
+        self.interval_s = options.heartbeat_interval_s or 1.0
+        self.seq = 0
+        self.acked_seq = -1
+        self.last_heartbeat_at: float | None = None  # wall clock of the last heartbeat sent
+        self.connected = False
+        self.ever_acked = False
+        self._inventory: NodeInventory | None = None
+
+    # -- joining ----------------------------------------------------------------------------------
+    async def ensure_credential(self) -> Credential:
+        """The stored credential, or a new one bought with the join token. Raises Unauthorized if neither."""
+        credential = self.store.load()
+        if credential is not None and credential.node == self.options.name:
+            return credential
+        if not self.options.join_token:
+            raise Unauthorized(f"node {self.options.name} has no credential yet: pass --join-token")
+        inventory = await self._current_inventory()
+        joined = await self.http.join(self.options.join_token, self.options.name, inventory)
+        credential = Credential(
+            server=self.options.server, node=joined.name, node_id=joined.node_id, token=joined.credential
+        )
+        self.store.save(credential)
+        if self.options.heartbeat_interval_s is None:
+            self.interval_s = joined.heartbeat_interval_s
+        log.info("joined the head at %s as node %s", self.options.server, joined.name)
+        return credential
+
+    async def _current_inventory(self) -> NodeInventory:
+        self._inventory = await asyncio.to_thread(self.read_inventory)
+        return self._inventory
+
+    # -- running ----------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Run until cancelled. Raises AgentStopped or Unauthorized when the head refuses this node for good."""
+        credential = await self._with_retry(self.ensure_credential)
+        backoff = self.options.backoff_initial_s
+        while True:
+            try:
+                await self._session(credential)
+            except ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd is not None else None
+                reason = exc.rcvd.reason if exc.rcvd is not None else ""
+                if code in (CLOSE_UNAUTHORIZED, CLOSE_NODE_GONE, CLOSE_REPLACED):
+                    raise AgentStopped(f"the head closed the channel of node {self.options.name}: {reason}") from None
+                log.warning("channel closed (%s %s); reconnecting", code, reason)
+            except (OSError, TimeoutError, InvalidHandshake, InvalidURI, Unavailable) as exc:
+                log.warning("cannot reach the head at %s (%s); retrying in %.1fs", self.options.server, exc, backoff)
+            finally:
+                self.connected = False
+            if self.ever_acked:
+                backoff = self.options.backoff_initial_s  # the last session worked: start the backoff over
+                self.ever_acked = False
+            # Jitter spreads a thousand agents reconnecting after a head restart.
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))  # noqa: S311
+            backoff = min(backoff * 2, self.options.backoff_max_s)
+
+    async def _with_retry(self, call: Callable[[], Awaitable[Credential]]) -> Credential:
+        backoff = self.options.backoff_initial_s
+        while True:
+            try:
+                return await call()
+            except Unavailable as exc:
+                log.warning("%s; retrying in %.1fs", exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.options.backoff_max_s)
+
+    async def _session(self, credential: Credential) -> None:
+        async with connect(
+            channel_url(self.options.server),
+            additional_headers={"Authorization": f"Bearer {credential.token}"},
+            max_size=MAX_CHANNEL_MESSAGE_BYTES,
+            open_timeout=10,
+            compression=None,
+        ) as ws:
+            inventory = self._inventory or await self._current_inventory()
+            hello = Hello(heartbeat_interval_s=self.interval_s, inventory_fingerprint=inventory.fingerprint())
+            await ws.send(hello.model_dump_json())
+            welcome = head_message_adapter.validate_json(await asyncio.wait_for(ws.recv(), timeout=10))
+            if not isinstance(welcome, Welcome):
+                raise Unavailable("the head did not answer hello")
+            if welcome.inventory_wanted:
+                await self.http.put_inventory(credential.token, inventory)
+            self.connected = True
+            tasks = {asyncio.create_task(self._read(ws)), asyncio.create_task(self._beat(ws, credential))}
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            raise Unavailable("the head closed the channel")
+
+    async def _read(self, ws: ClientConnection) -> None:
+        async for raw in ws:
+            message = head_message_adapter.validate_json(raw)
+            if isinstance(message, Ack):
+                self.acked_seq = max(self.acked_seq, message.seq)
+                self.ever_acked = True
+        raise Unavailable("the head closed the channel normally")
+
+    async def _beat(self, ws: ClientConnection, credential: Credential) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        next_inventory = next_at + self.options.inventory_check_s
+        while True:
+            self.seq += 1
+            await ws.send(Heartbeat(seq=self.seq).model_dump_json())
+            self.last_heartbeat_at = time.time()
+            if loop.time() >= next_inventory:
+                next_inventory = loop.time() + self.options.inventory_check_s
+                await self._resend_if_changed(credential)
+            # Fixed rate: a late beat shortens the next wait rather than shifting every later one.
+            next_at = max(next_at + self.interval_s, loop.time())
+            await asyncio.sleep(next_at - loop.time())
+
+    async def _resend_if_changed(self, credential: Credential) -> None:
+        before = self._inventory.fingerprint() if self._inventory else None
+        current = await self._current_inventory()
+        if current.fingerprint() != before:
+            log.info("inventory changed; sending it")
+            await self.http.put_inventory(credential.token, current)

@@ -1,0 +1,1 @@
+"""The head node's HTTP side: app factory, routers (HTTP translation only), dependencies."""

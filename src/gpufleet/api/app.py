@@ -1,0 +1,86 @@
+"""The app factory: wires settings, database, loops and routers into one FastAPI application."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpufleet import __version__
+from gpufleet.api import errors
+from gpufleet.api.context import HeadContext
+from gpufleet.api.deps import require_admin
+from gpufleet.api.hub import ChannelHub
+from gpufleet.api.limits import BodySizeLimit
+from gpufleet.api.routers import agent, nodes, status_page, tokens
+from gpufleet.core.clock import Clock, SystemClock
+from gpufleet.core.config import Settings
+from gpufleet.workers.head_loops import HeadLoops
+
+
+def create_app(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    clock: Clock | None = None,
+    *,
+    run_loops: bool = True,
+) -> FastAPI:
+    """Build the head node's app. With `run_loops`, the lifespan runs the background loops."""
+    clock = clock or SystemClock()
+    hub = ChannelHub()
+    loops = HeadLoops(settings=settings, sessions=sessions, clock=clock, on_durable=hub.acknowledge)
+    ctx = HeadContext(settings=settings, sessions=sessions, clock=clock, hub=hub, loops=loops)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        hub.bind(asyncio.get_running_loop())
+        stop = asyncio.Event()
+        task = asyncio.create_task(loops.run(stop)) if run_loops else None
+        try:
+            yield
+        finally:
+            stop.set()
+            if task is not None:
+                await task
+
+    app = FastAPI(
+        title="gpufleet",
+        version=__version__,
+        lifespan=lifespan,
+        openapi_url=None,  # served below, behind authentication like every API route
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.ctx = ctx
+    errors.install(app)
+
+    api = APIRouter(prefix="/api/v1")
+    api.include_router(nodes.router)
+    api.include_router(tokens.router)
+    api.include_router(tokens.whoami_router)
+    api.include_router(agent.router)
+    app.include_router(api)
+    app.include_router(status_page.router)
+
+    @app.get("/api/openapi.json", include_in_schema=False, dependencies=[Depends(require_admin)])
+    def openapi() -> dict[str, Any]:
+        return get_openapi(title=app.title, version=app.version, routes=app.routes)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz(request: Request) -> JSONResponse:
+        try:
+            with sessions() as session:
+                session.execute(text("SELECT 1"))
+        except Exception as exc:
+            return JSONResponse({"status": "error", "database": str(exc)[:200]}, status_code=503)
+        return JSONResponse({"status": "ok", "version": __version__, "leader": loops.is_leader, "channels": len(hub)})
+
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    return app

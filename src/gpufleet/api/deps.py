@@ -1,0 +1,70 @@
+"""Dependencies: the request's transaction and who is calling. Authorization is decided here, once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from gpufleet.api.context import HeadContext
+from gpufleet.auth import service as auth
+from gpufleet.auth.models import TokenKind
+from gpufleet.auth.schemas import Principal
+from gpufleet.core.db import transaction
+from gpufleet.core.errors import Forbidden, Unauthorized
+
+SESSION_COOKIE = "gpufleet_token"
+
+
+def context(request: Request) -> HeadContext:
+    ctx: HeadContext = request.app.state.ctx
+    return ctx
+
+
+Ctx = Annotated[HeadContext, Depends(context)]
+
+
+def db_session(ctx: Ctx) -> Iterator[Session]:
+    """One transaction per request, committed before the response is sent (scope='function')."""
+    with transaction(ctx.sessions) as session:
+        yield session
+
+
+Db = Annotated[Session, Depends(db_session, scope="function")]
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The token from an `Authorization: Bearer ...` header. Raises Unauthorized if absent or malformed."""
+    if not authorization:
+        raise Unauthorized("missing bearer token")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("expected 'Authorization: Bearer <token>'")
+    return token.strip()
+
+
+def principal(request: Request, ctx: Ctx) -> Principal:
+    token = bearer_token(request.headers.get("authorization"))
+    with transaction(ctx.sessions) as session:
+        return auth.authenticate(session, ctx.clock, token)
+
+
+Caller = Annotated[Principal, Depends(principal)]
+
+
+def require_admin(caller: Caller) -> Principal:
+    if caller.kind is not TokenKind.ADMIN:
+        raise Forbidden("this endpoint needs an admin token")
+    return caller
+
+
+def require_node(caller: Caller) -> Principal:
+    if caller.kind is not TokenKind.NODE or caller.node_id is None:
+        raise Forbidden("this endpoint is for node agents")
+    return caller
+
+
+Admin = Annotated[Principal, Depends(require_admin)]
+NodeCaller = Annotated[Principal, Depends(require_node)]

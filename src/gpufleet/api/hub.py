@@ -1,0 +1,88 @@
+"""Live agent channels on this replica, and the delivery of acknowledgements to them.
+
+Each channel has an outbox drained by its own writer task, so the flush loop never waits on a
+slow agent's socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from starlette.websockets import WebSocket
+
+from gpufleet.inventory.liveness import Receipt
+from gpufleet.protocol.messages import Ack
+
+OUTBOX_LIMIT = 64
+
+
+@dataclass(eq=False)
+class Channel:
+    node_id: int
+    name: str
+    socket: WebSocket
+    outbox: asyncio.Queue[str | tuple[int, str]] = field(default_factory=lambda: asyncio.Queue(OUTBOX_LIMIT))
+
+    def send(self, text: str) -> None:
+        with contextlib.suppress(asyncio.QueueFull):  # an agent this far behind gets its acks later
+            self.outbox.put_nowait(text)
+
+    def close(self, code: int, reason: str) -> None:
+        with contextlib.suppress(asyncio.QueueFull):
+            self.outbox.put_nowait((code, reason))
+
+    async def write_forever(self) -> None:
+        while True:
+            item = await self.outbox.get()
+            if isinstance(item, tuple):
+                await self.socket.close(code=item[0], reason=item[1])
+                return
+            await self.socket.send_text(item)
+
+
+class ChannelHub:
+    """Open channels by node id. Touched only from the event loop's thread."""
+
+    def __init__(self) -> None:
+        self._channels: dict[int, Channel] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+    def register(self, channel: Channel) -> None:
+        old = self._channels.get(channel.node_id)
+        if old is not None:
+            old.close(4409, "replaced by a newer connection of the same node")
+        self._channels[channel.node_id] = channel
+
+    def unregister(self, channel: Channel) -> None:
+        if self._channels.get(channel.node_id) is channel:
+            del self._channels[channel.node_id]
+
+    def acknowledge(self, receipts: dict[int, Receipt]) -> None:
+        """Called from the flush thread once receipts are durable; hands the acks to the event loop."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._deliver, receipts)
+
+    def _deliver(self, receipts: dict[int, Receipt]) -> None:
+        for node_id, receipt in receipts.items():
+            channel = self._channels.get(node_id)
+            if channel is not None:
+                channel.send(Ack(seq=receipt.seq).model_dump_json())
+
+    def disconnect(self, node_ids: list[int], code: int, reason: str) -> None:
+        """Close these nodes' channels (callable from any thread, e.g. a route removing nodes)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._disconnect, node_ids, code, reason)
+
+    def _disconnect(self, node_ids: list[int], code: int, reason: str) -> None:
+        for node_id in node_ids:
+            channel = self._channels.get(node_id)
+            if channel is not None:
+                channel.close(code, reason)

@@ -1,0 +1,1 @@
+"""Routers: translate HTTP to service calls and back, nothing more."""

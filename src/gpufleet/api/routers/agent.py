@@ -1,0 +1,146 @@
+"""What node agents call: join (with a join token), report inventory, and the heartbeat channel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from gpufleet.api.deps import Ctx, Db, NodeCaller, bearer_token
+from gpufleet.api.hub import Channel
+from gpufleet.auth import service as auth
+from gpufleet.auth.models import TokenKind
+from gpufleet.core.db import transaction
+from gpufleet.core.errors import GpufleetError, InvalidInput, PayloadTooLarge, Unauthorized
+from gpufleet.inventory import service as inventory
+from gpufleet.inventory.models import Node
+from gpufleet.protocol.inventory import NodeInventory
+from gpufleet.protocol.messages import (
+    CLOSE_BAD_MESSAGE,
+    CLOSE_TOO_LARGE,
+    CLOSE_UNAUTHORIZED,
+    MAX_CHANNEL_MESSAGE_BYTES,
+    MAX_INVENTORY_BYTES,
+    Heartbeat,
+    Hello,
+    JoinRequest,
+    JoinResponse,
+    Welcome,
+    agent_message_adapter,
+)
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/agent", tags=["agent"])
+HELLO_TIMEOUT_S = 10.0
+
+
+@router.post("/join")
+def join(body: JoinRequest, request: Request, db: Db, ctx: Ctx) -> JoinResponse:
+    """Trade a join token for this node's own credential. The token's use is spent only if all succeeds."""
+    auth.consume_join_token(db, ctx.clock, bearer_token(request.headers.get("authorization")))
+    node = inventory.join(db, ctx.clock, body.name)
+    if body.inventory is not None:
+        inventory.apply_inventory(db, ctx.clock, node, body.inventory)
+    credential = auth.issue_node_credential(db, ctx.clock, node.id, node.name)
+    return JoinResponse(
+        node_id=node.id,
+        name=node.name,
+        credential=credential,
+        heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
+    )
+
+
+@router.put("/inventory", status_code=204)
+async def put_inventory(request: Request, caller: NodeCaller, ctx: Ctx) -> None:
+    """Replace the calling node's inventory. The node comes from the credential, never from the body."""
+    raw = await request.body()
+    if len(raw) > MAX_INVENTORY_BYTES:
+        raise PayloadTooLarge(f"inventory larger than {MAX_INVENTORY_BYTES} bytes")
+    try:
+        report = NodeInventory.model_validate_json(raw)
+    except ValidationError as exc:
+        raise InvalidInput(f"malformed inventory: {_first_error(exc)}") from None
+
+    def store() -> None:
+        with transaction(ctx.sessions) as session:
+            node = session.get(Node, caller.node_id)
+            if node is None:
+                raise Unauthorized("node no longer exists")
+            inventory.apply_inventory(session, ctx.clock, node, report)
+
+    await asyncio.to_thread(store)
+
+
+def _open(ctx: Ctx, token: str) -> tuple[int, str, str | None]:
+    with transaction(ctx.sessions) as session:
+        who = auth.authenticate(session, ctx.clock, token)
+        if who.kind is not TokenKind.NODE or who.node_id is None:
+            raise Unauthorized("the agent channel needs a node credential")
+        row = session.execute(select(Node.name, Node.inventory_fingerprint).where(Node.id == who.node_id)).one_or_none()
+        if row is None:
+            raise Unauthorized("node no longer exists")
+        return who.node_id, row[0], row[1]
+
+
+@router.websocket("/channel")
+async def channel(ws: WebSocket) -> None:
+    """Heartbeats in, acknowledgements out. Closes with 44xx and the reason on any protocol error."""
+    ctx: Ctx = ws.app.state.ctx
+    await ws.accept()
+    try:
+        token = bearer_token(ws.headers.get("authorization"))
+        node_id, name, fingerprint = await asyncio.to_thread(_open, ctx, token)
+    except GpufleetError as exc:
+        await ws.close(code=CLOSE_UNAUTHORIZED, reason=str(exc)[:120])
+        return
+    chan = Channel(node_id=node_id, name=name, socket=ws)
+    writer = asyncio.create_task(chan.write_forever())
+    ctx.hub.register(chan)
+    closing: tuple[int, str] | None = None
+    try:
+        closing = await _serve(ctx, ws, chan, fingerprint)
+    except TimeoutError:
+        closing = (CLOSE_BAD_MESSAGE, "no heartbeat within ten intervals")
+    except WebSocketDisconnect:
+        pass
+    finally:
+        ctx.hub.unregister(chan)
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await writer
+    if closing is not None:
+        with contextlib.suppress(Exception):
+            await ws.close(code=closing[0], reason=closing[1][:120])
+
+
+def _first_error(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"{where}: {first['msg']}" if where else str(first["msg"])
+
+
+async def _serve(ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None) -> tuple[int, str] | None:
+    """Read the agent's messages until it goes; returns the close code and reason for a protocol error."""
+    interval: float | None = None
+    while True:
+        timeout = HELLO_TIMEOUT_S if interval is None else max(interval * 10, HELLO_TIMEOUT_S)
+        text = await asyncio.wait_for(ws.receive_text(), timeout=timeout)
+        if len(text) > MAX_CHANNEL_MESSAGE_BYTES:
+            return CLOSE_TOO_LARGE, "message too large"
+        try:
+            message = agent_message_adapter.validate_json(text)
+        except ValidationError as exc:
+            return CLOSE_BAD_MESSAGE, f"malformed message: {_first_error(exc)}"
+        if isinstance(message, Hello):
+            interval = message.heartbeat_interval_s
+            wanted = message.inventory_fingerprint is None or message.inventory_fingerprint != fingerprint
+            chan.send(Welcome(node=chan.name, inventory_wanted=wanted).model_dump_json())
+            ctx.loops.book.record(chan.node_id, ctx.clock.now(), interval, 0)
+        elif isinstance(message, Heartbeat):
+            if interval is None:
+                return CLOSE_BAD_MESSAGE, "heartbeat before hello"
+            ctx.loops.book.record(chan.node_id, ctx.clock.now(), interval, message.seq)

@@ -1,0 +1,44 @@
+"""Token endpoints: join tokens for new nodes (admin only)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gpufleet.api.deps import Admin, Caller, Ctx, Db
+from gpufleet.auth import service as auth
+from gpufleet.auth.schemas import JoinTokenCreate, JoinTokenCreated, Principal, TokenOut
+from gpufleet.core.clock import to_datetime
+
+router = APIRouter(prefix="/tokens", tags=["tokens"])
+whoami_router = APIRouter(tags=["tokens"])
+
+
+@whoami_router.get("/whoami")
+def whoami(caller: Caller) -> Principal:
+    """Who the presented token belongs to (used by `gpufleet login` to check a token)."""
+    return caller
+
+
+@router.post("/join", status_code=201)
+def create_join_token(body: JoinTokenCreate, _: Admin, db: Db, ctx: Ctx) -> JoinTokenCreated:
+    token, row = auth.create_join_token(db, ctx.clock, body.expires_in_s, body.uses)
+    expires_at = row.expires_at or to_datetime(ctx.clock.now() + body.expires_in_s)
+    return JoinTokenCreated(token=token, id=row.id, expires_at=expires_at, uses=body.uses)
+
+
+@router.get("")
+def list_tokens(_: Admin, db: Db) -> list[TokenOut]:
+    return [
+        TokenOut(
+            id=t.id,
+            kind=t.kind,
+            name=t.name,
+            created_at=t.created_at,
+            expires_at=t.expires_at,
+            revoked=t.revoked_at is not None,
+            last_used_at=t.last_used_at,
+            uses=t.uses,
+            max_uses=t.max_uses,
+        )
+        for t in auth.list_tokens(db)
+    ]

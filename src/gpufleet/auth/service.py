@@ -1,0 +1,129 @@
+"""Token logic: create, authenticate, trade a join token for a node credential. Never commits."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import exists, select, update
+from sqlalchemy.orm import Session
+
+from gpufleet.auth.models import ApiToken, TokenKind
+from gpufleet.auth.schemas import Principal
+from gpufleet.core import secrets
+from gpufleet.core.clock import Clock, to_datetime
+from gpufleet.core.errors import InvalidInput, Unauthorized
+
+# Recording last use on every request would turn reads into writes; once a minute is enough to audit.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+def _add(session: Session, clock: Clock, kind: TokenKind, name: str, token: str, **fields: object) -> ApiToken:
+    row = ApiToken(
+        kind=kind,
+        name=name,
+        token_hash=secrets.hash_token(token),
+        created_at=to_datetime(clock.now()),
+        **fields,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def ensure_admin_token(session: Session, clock: Clock, bootstrap: str | None) -> str | None:
+    """Make sure an admin can get in. Returns a new secret to print once, or None if nothing was created.
+
+    With `bootstrap` set (GPUFLEET_BOOTSTRAP_TOKEN), that exact token is installed if missing. Without
+    it, a token is generated only when no admin token exists yet, i.e. on the first start.
+    """
+    if bootstrap is not None:
+        if len(bootstrap) < 16:
+            raise InvalidInput("bootstrap token must be at least 16 characters")
+        found = session.scalar(select(ApiToken).where(ApiToken.token_hash == secrets.hash_token(bootstrap)))
+        if found is None:
+            _add(session, clock, TokenKind.ADMIN, "bootstrap", bootstrap)
+        elif found.kind is not TokenKind.ADMIN or found.revoked_at is not None:
+            raise InvalidInput("bootstrap token matches a token that is revoked or not an admin token")
+        return None
+    has_admin = session.scalar(select(exists().where(ApiToken.kind == TokenKind.ADMIN, ApiToken.revoked_at.is_(None))))
+    if has_admin:
+        return None
+    token = secrets.new_token(secrets.ADMIN_PREFIX)
+    _add(session, clock, TokenKind.ADMIN, "initial admin", token)
+    return token
+
+
+def create_join_token(session: Session, clock: Clock, expires_in_s: int, uses: int) -> tuple[str, ApiToken]:
+    """A token that lets up to `uses` agents join before `expires_in_s` passes."""
+    token = secrets.new_token(secrets.JOIN_PREFIX)
+    row = _add(
+        session,
+        clock,
+        TokenKind.JOIN,
+        "join",
+        token,
+        expires_at=to_datetime(clock.now() + expires_in_s),
+        max_uses=uses,
+    )
+    return token, row
+
+
+def list_tokens(session: Session) -> list[ApiToken]:
+    return list(session.scalars(select(ApiToken).where(ApiToken.kind != TokenKind.NODE).order_by(ApiToken.id)))
+
+
+def _lookup(session: Session, clock: Clock, token: str) -> ApiToken:
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == secrets.hash_token(token)))
+    now = to_datetime(clock.now())
+    if row is None:
+        raise Unauthorized("unknown token")
+    if row.revoked_at is not None:
+        raise Unauthorized("token has been revoked")
+    if row.expires_at is not None and row.expires_at <= now:
+        raise Unauthorized("token has expired")
+    return row
+
+
+def authenticate(session: Session, clock: Clock, token: str) -> Principal:
+    """Resolve a bearer token to who is calling. Join tokens are not accepted here, only by `consume_join_token`.
+
+    Raises Unauthorized for an unknown, revoked, expired or join token.
+    """
+    row = _lookup(session, clock, token)
+    if row.kind is TokenKind.JOIN:
+        raise Unauthorized("a join token can only be used to join a node")
+    now = to_datetime(clock.now())
+    if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
+        row.last_used_at = now
+    return Principal(kind=row.kind, token_id=row.id, node_id=row.node_id)
+
+
+def consume_join_token(session: Session, clock: Clock, token: str) -> ApiToken:
+    """Spend one use of a join token. Raises Unauthorized if unknown, expired, revoked or used up.
+
+    The use is counted with a conditional UPDATE, so concurrent joins cannot overspend it.
+    """
+    row = _lookup(session, clock, token)
+    if row.kind is not TokenKind.JOIN:
+        raise Unauthorized("not a join token")
+    spent = session.execute(
+        update(ApiToken)
+        .where(ApiToken.id == row.id, ApiToken.uses < ApiToken.max_uses)
+        .values(uses=ApiToken.uses + 1, last_used_at=to_datetime(clock.now()))
+    )
+    if spent.rowcount != 1:  # type: ignore[attr-defined]
+        raise Unauthorized(f"join token already used ({row.max_uses} of {row.max_uses} uses)")
+    return row
+
+
+def issue_node_credential(session: Session, clock: Clock, node_id: int, node_name: str) -> str:
+    """A fresh credential for a node; any earlier credential of that node stops working."""
+    now = to_datetime(clock.now())
+    session.execute(
+        update(ApiToken)
+        .where(ApiToken.node_id == node_id, ApiToken.kind == TokenKind.NODE, ApiToken.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    token = secrets.new_token(secrets.NODE_PREFIX)
+    _add(session, clock, TokenKind.NODE, f"node {node_name}", token, node_id=node_id)
+    return token

@@ -1,0 +1,43 @@
+"""The root command: global options, then the noun groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpufleet import __version__
+from gpufleet.cli import config, nodes, tokens
+from gpufleet.cli.state import CliState
+
+app = typer.Typer(
+    name="gpufleet",
+    help="gpufleet: an open-source GPU cluster manager.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpufleet {__version__}")
+        raise typer.Exit
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    server: Annotated[str | None, typer.Option(help="head node URL [env GPUFLEET_SERVER]")] = None,
+    token: Annotated[str | None, typer.Option(help="API token [env GPUFLEET_TOKEN]")] = None,
+    config_file: Annotated[Path | None, typer.Option("--config", help="TOML config file [env GPUFLEET_CONFIG]")] = None,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
+) -> None:
+    ctx.obj = CliState(config_file=config_file, overrides={"server": server, "token": token})
+
+
+app.add_typer(nodes.app, name="node")
+app.add_typer(tokens.app, name="token")
+app.add_typer(config.app, name="config")
+app.command("login")(config.login)

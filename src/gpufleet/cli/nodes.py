@@ -1,0 +1,163 @@
+"""gpufleet node add|list|show|remove|clone"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gpufleet.cli.output import Format, OutputOpt, fields, print_json, table
+from gpufleet.cli.state import state
+from gpufleet.core import hostlist
+from gpufleet.core.errors import InvalidInput
+
+app = typer.Typer(help="Nodes: add, list, show, remove, clone.", no_args_is_help=True)
+
+LIST_COLUMNS = [
+    ("name", "Node"),
+    ("state", "State"),
+    ("gpu_count", "GPUs"),
+    ("gpu_model", "GPU model"),
+    ("hostname", "Hostname"),
+    ("category", "Category"),
+    ("last_seen", "Last heartbeat"),
+]
+Names = Annotated[list[str], typer.Argument(help="node names or hostlist expressions, e.g. gpu[001-016]")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="print what would change and change nothing")]
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidInput(f"invalid label {item!r}: use KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+@app.command("add")
+def add(
+    ctx: typer.Context,
+    names: Names,
+    category: Annotated[str | None, typer.Option(help="category to put the nodes in")] = None,
+    label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE label (repeatable)")] = None,
+    dry_run: DryRun = False,
+    output: Format = OutputOpt,
+) -> None:
+    """Pre-register nodes (state `new`) before their agents join."""
+    labels = _labels(label or [])
+    if dry_run:
+        expanded = hostlist.expand(names)
+        typer.echo(f"would add {len(expanded)} node(s): {hostlist.collect(expanded)}")
+        return
+    added = state(ctx).client().add_nodes(names, category, labels)
+    if output is Format.json:
+        print_json(added)
+    else:
+        typer.echo(f"added {len(added)} node(s): {hostlist.collect([n['name'] for n in added])}")
+
+
+@app.command("list")
+def list_(
+    ctx: typer.Context,
+    names: Annotated[str | None, typer.Argument(help="hostlist filter, e.g. gpu[001-004]")] = None,
+    output: Format = OutputOpt,
+) -> None:
+    """List nodes with their state and GPU count."""
+    nodes = state(ctx).client().list_nodes(names)
+    if output is Format.json:
+        print_json(nodes)
+        return
+    table(nodes, LIST_COLUMNS, title=f"{len(nodes)} nodes")
+
+
+@app.command("show")
+def show(ctx: typer.Context, name: str, output: Format = OutputOpt) -> None:
+    """Show one node: inventory, GPUs and state history."""
+    node = state(ctx).client().show_node(name)
+    if output is Format.json:
+        print_json(node)
+        return
+    fields(
+        node,
+        [
+            ("name", "Name"),
+            ("state", "State"),
+            ("state_since", "Since"),
+            ("last_seen", "Last heartbeat"),
+            ("hostname", "Hostname"),
+            ("category", "Category"),
+            ("labels", "Labels"),
+            ("cpus", "CPUs"),
+            ("cpu_model", "CPU model"),
+            ("memory_total_mib", "Memory (MiB)"),
+            ("os_name", "OS"),
+            ("kernel", "Kernel"),
+            ("arch", "Arch"),
+            ("agent_version", "Agent"),
+            ("gpu_source", "GPU source"),
+        ],
+    )
+    table(
+        node["gpus"],
+        [
+            ("index", "#"),
+            ("model", "Model"),
+            ("uuid", "UUID"),
+            ("pci_bus_id", "PCI bus"),
+            ("memory_total_mib", "Memory (MiB)"),
+            ("driver_version", "Driver"),
+            ("cuda_version", "CUDA"),
+            ("vbios_version", "VBIOS"),
+            ("ecc_mode", "ECC"),
+            ("mig_mode", "MIG"),
+        ],
+        title="GPUs",
+    )
+    table(
+        node["transitions"],
+        [("at", "At"), ("from_state", "From"), ("to_state", "To"), ("reason", "Reason")],
+        title="State history",
+    )
+
+
+@app.command("remove")
+def remove(ctx: typer.Context, names: Names, dry_run: DryRun = False) -> None:
+    """Remove nodes with their GPUs, history and credentials. All or nothing."""
+    client = state(ctx).client()
+    expression = ",".join(names)
+    if dry_run:
+        found = [n["name"] for n in client.list_nodes(expression)]
+        missing = [n for n in hostlist.expand(names) if n not in set(found)]
+        typer.echo(f"would remove {len(found)} node(s): {hostlist.collect(found) if found else '-'}")
+        if missing:
+            typer.echo(f"unknown (the command would fail): {hostlist.collect(missing)}")
+        return
+    removed = client.remove_nodes(expression)
+    typer.echo(f"removed {len(removed)} node(s): {hostlist.collect(removed)}")
+
+
+@app.command("clone")
+def clone(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Argument(help="node whose settings to copy")],
+    names: Names,
+    dry_run: DryRun = False,
+    output: Format = OutputOpt,
+) -> None:
+    """Create new nodes with the settings (category, labels) of SOURCE."""
+    client = state(ctx).client()
+    if dry_run:
+        src = client.show_node(source)
+        expanded = hostlist.expand(names)
+        typer.echo(
+            f"would add {len(expanded)} node(s) {hostlist.collect(expanded)} with category={src['category']} "
+            f"labels={src['labels']}"
+        )
+        return
+    added = client.clone_node(source, names)
+    if output is Format.json:
+        print_json(added)
+    else:
+        typer.echo(f"cloned {source} to {len(added)} node(s): {hostlist.collect([n['name'] for n in added])}")

@@ -1,0 +1,54 @@
+"""Output for people (Rich tables) and for scripts (-o json, stable field names)."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+class Format(enum.StrEnum):
+    table = "table"
+    json = "json"
+
+
+OutputOpt = typer.Option(Format.table, "--output", "-o", help="table for people, json for scripts")
+
+
+def print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, str) and len(value) >= 19 and value[4] == "-" and value[10] == "T":
+        return value[:19].replace("T", " ")  # ISO timestamps, to the second
+    return str(value)
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], title: str | None = None) -> None:
+    out = Table(title=title, header_style="bold")
+    for _key, header in columns:
+        out.add_column(header)
+    for row in rows:
+        out.add_row(*(cell(row.get(key)) for key, _ in columns))
+    console.print(out)
+
+
+def fields(data: dict[str, Any], keys: Sequence[tuple[str, str]]) -> None:
+    out = Table(show_header=False, box=None)
+    out.add_column(style="bold")
+    out.add_column()
+    for key, label in keys:
+        out.add_row(label, cell(data.get(key)))
+    console.print(out)

@@ -1,0 +1,147 @@
+"""Typed HTTP client for the head node's API, used by the CLI (sync) and the agent (async).
+
+HTTP failures become the error tree's classes with the server's reason, so callers never see an
+httpx exception or a status code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from gpufleet.core.errors import (
+    Conflict,
+    Forbidden,
+    GpufleetError,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+    Unavailable,
+)
+from gpufleet.protocol.inventory import NodeInventory
+from gpufleet.protocol.messages import JoinRequest, JoinResponse
+
+_BY_STATUS: dict[int, type[GpufleetError]] = {
+    400: InvalidInput,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    422: InvalidInput,
+}
+TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        return response.text[:200] or response.reason_phrase
+    if isinstance(detail, list) and detail:  # FastAPI's validation errors
+        first = detail[0]
+        where = ".".join(str(p) for p in first.get("loc", [])[1:])
+        return f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+    return str(detail)
+
+
+def raise_for(response: httpx.Response) -> None:
+    """Raise the matching GpufleetError for an error response."""
+    if response.is_success:
+        return
+    cls = _BY_STATUS.get(response.status_code, Unavailable if response.status_code >= 500 else GpufleetError)
+    raise cls(f"{_reason(response)} (HTTP {response.status_code})")
+
+
+class HeadClient:
+    """The CLI's client. Each method is one API call and returns decoded JSON."""
+
+    def __init__(self, server: str, token: str | None, transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.server = server
+        self._http = httpx.Client(base_url=server, headers=headers, timeout=TIMEOUT, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"cannot reach the head node at {self.server}: {exc}") from None
+        raise_for(response)
+        return None if response.status_code == 204 else response.json()
+
+    def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/healthz")
+        return result
+
+    def whoami(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/api/v1/whoami")
+        return result
+
+    def list_nodes(self, names: str | None = None) -> list[dict[str, Any]]:
+        params = {"names": names} if names else None
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/nodes", params=params)
+        return result
+
+    def show_node(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/nodes/{name}")
+        return result
+
+    def add_nodes(self, names: list[str], category: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
+        body = {"names": names, "category": category, "labels": labels}
+        result: list[dict[str, Any]] = self._call("POST", "/api/v1/nodes", json=body)
+        return result
+
+    def remove_nodes(self, names: str) -> list[str]:
+        result: list[str] = self._call("DELETE", "/api/v1/nodes", params={"names": names})
+        return result
+
+    def clone_node(self, source: str, names: list[str]) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("POST", f"/api/v1/nodes/{source}/clone", json={"names": names})
+        return result
+
+    def create_join_token(self, expires_in_s: int, uses: int) -> dict[str, Any]:
+        body = {"expires_in_s": expires_in_s, "uses": uses}
+        result: dict[str, Any] = self._call("POST", "/api/v1/tokens/join", json=body)
+        return result
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/tokens")
+        return result
+
+
+class AgentHttp:
+    """The agent's HTTP calls. Shares one AsyncClient, so a simulator's thousand agents share a pool."""
+
+    def __init__(self, server: str, http: httpx.AsyncClient) -> None:
+        self.server = server.rstrip("/")
+        self._http = http
+
+    async def _call(
+        self, method: str, path: str, token: str, extra_headers: dict[str, str] | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}", **(extra_headers or {})}
+        try:
+            response = await self._http.request(method, self.server + path, headers=headers, timeout=TIMEOUT, **kwargs)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"cannot reach the head node at {self.server}: {exc!r}") from None
+        raise_for(response)
+        return response
+
+    async def join(self, join_token: str, name: str, inventory: NodeInventory | None) -> JoinResponse:
+        body = JoinRequest(name=name, inventory=inventory).model_dump(mode="json")
+        response = await self._call("POST", "/api/v1/agent/join", join_token, json=body)
+        return JoinResponse.model_validate(response.json())
+
+    async def put_inventory(self, credential: str, inventory: NodeInventory) -> None:
+        await self._call(
+            "PUT",
+            "/api/v1/agent/inventory",
+            credential,
+            content=inventory.model_dump_json(),
+            extra_headers={"Content-Type": "application/json"},
+        )

@@ -1,0 +1,1 @@
+"""Foundations shared by every other package: settings, database, errors, clock, hostlists, loops."""

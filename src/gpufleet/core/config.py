@@ -1,0 +1,190 @@
+"""Settings: defaults < client file (written by `gpufleet login`) < TOML config file < GPUFLEET_* env < CLI options.
+
+Settings are built once, by `load_settings`, at the entry point, and passed down explicitly; nothing
+reads the environment behind the caller's back.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gpufleet.core.errors import ConfigError
+
+DEFAULT_CONFIG_FILE = Path("/etc/gpufleet/gpufleet.toml")
+
+
+def default_client_file() -> Path:
+    """Where `gpufleet login` keeps the server URL and token: $GPUFLEET_CLIENT_CONFIG or the XDG config dir."""
+    explicit = os.environ.get("GPUFLEET_CLIENT_CONFIG")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "gpufleet" / "client.toml"
+
+
+class Settings(BaseSettings):
+    """Every knob of gpufleet, for the head node, the agent and the CLI alike."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="forbid", frozen=True)
+
+    # Head node
+    data_dir: Path = Field(Path("/var/lib/gpufleet"), description="where the head keeps its database and state")
+    listen: str = Field("127.0.0.1:8080", description="HOST:PORT the head node listens on")
+    database_url: SecretStr | None = Field(
+        None, description="SQLAlchemy URL; default: SQLite in WAL mode under data_dir"
+    )
+    bootstrap_token: SecretStr | None = Field(
+        None, description="admin token to install on start instead of generating one (automation)"
+    )
+    heartbeat_interval_s: float = Field(1.0, gt=0.05, le=3600, description="heartbeat period agents are told")
+    down_after_intervals: float = Field(
+        2.5, gt=1.0, le=100, description="missed heartbeat intervals before a node is down"
+    )
+    sweep_interval_s: float = Field(0.2, gt=0, le=60, description="how often the leader looks for silent nodes")
+    flush_interval_s: float = Field(0.25, gt=0, le=60, description="how often heartbeat receipts are made durable")
+    lease_ttl_s: float = Field(5.0, gt=0.5, le=600, description="leadership lease; a dead leader is replaced after it")
+    leader_grace_s: float = Field(
+        10.0, ge=0, le=3600, description="time a new leader gives every node to reconnect before sweeping it"
+    )
+    max_request_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # Client (CLI) side
+    server: str = Field("http://127.0.0.1:8080", description="head node URL the CLI and agent talk to")
+    token: SecretStr | None = Field(None, description="API token the CLI presents")
+    # Agent side
+    agent_state_dir: Path = Field(Path("/var/lib/gpufleet-agent"), description="where the agent keeps its credential")
+    log_level: str = Field("INFO", description="logging level")
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:8080")
+        return value
+
+    @field_validator("server")
+    @classmethod
+    def _check_server(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @property
+    def effective_database_url(self) -> str:
+        if self.database_url is not None:
+            return self.database_url.get_secret_value()
+        return f"sqlite:///{self.data_dir / 'gpufleet.db'}"
+
+    def listen_host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    def shown(self) -> dict[str, Any]:
+        """The effective settings as plain values, secrets masked, for `gpufleet config show`."""
+        out: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                out[name] = "********"
+            elif isinstance(value, Path):
+                out[name] = str(value)
+            else:
+                out[name] = value
+        if self.database_url is None:
+            out["database_url"] = f"(default) {self.effective_database_url}"
+        else:
+            out["database_url"] = _mask_url_password(self.database_url.get_secret_value())
+        return out
+
+
+def _mask_url_password(url: str) -> str:
+    """Show a database URL with its password replaced, so admins see which server is meant."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:********@{host}" if ":" in creds else url
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Values from TOML files; later files win. Unknown keys are rejected by the model (extra=forbid)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def load_settings(config_file: Path | None = None, client_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings once. `config_file` must exist when given; the defaults are read only if present.
+
+    Raises ConfigError with one line naming the bad key when a value is invalid.
+    """
+    if config_file is None:
+        env_file = os.environ.get("GPUFLEET_CONFIG")
+        config_file = Path(env_file) if env_file else None
+        if config_file is None and DEFAULT_CONFIG_FILE.exists():
+            config_file = DEFAULT_CONFIG_FILE
+    elif not config_file.exists():
+        raise ConfigError(f"config file {config_file} does not exist")
+    client_file = client_file or default_client_file()
+    data: dict[str, Any] = {}
+    for path in (client_file, config_file):
+        if path is not None and path.exists():
+            data.update(_read_toml(path))
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+
+    class _Loaded(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, _FileSource(settings_cls, data))
+
+    try:
+        return _Loaded(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        raise ConfigError(f"invalid setting {where}: {first['msg']}") from None
+
+
+def write_client_file(path: Path, server: str, token: str) -> None:
+    """Store the CLI's server and token (mode 0600, written atomically)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"server = {_toml_str(server)}\ntoken = {_toml_str(token)}\n")
+    tmp.replace(path)
+
+
+def _toml_str(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'

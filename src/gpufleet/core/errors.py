@@ -1,0 +1,61 @@
+"""The one error tree. The API maps each class to an HTTP status in one place, the CLI to an exit code."""
+
+from __future__ import annotations
+
+
+class GpufleetError(Exception):
+    """Base of every error gpufleet raises on purpose; its message is meant for the user."""
+
+    http_status = 500
+    exit_code = 1
+
+
+class InvalidInput(GpufleetError):
+    """The request or command is malformed (bad hostlist, bad value)."""
+
+    http_status = 422
+    exit_code = 2
+
+
+class NotFound(GpufleetError):
+    http_status = 404
+    exit_code = 3
+
+
+class Conflict(GpufleetError):
+    """The change clashes with what exists (duplicate name, wrong state)."""
+
+    http_status = 409
+    exit_code = 4
+
+
+class Unauthorized(GpufleetError):
+    """No credential, or one that is unknown, expired, revoked or used up."""
+
+    http_status = 401
+    exit_code = 5
+
+
+class Forbidden(GpufleetError):
+    """A valid credential that may not do this."""
+
+    http_status = 403
+    exit_code = 6
+
+
+class PayloadTooLarge(GpufleetError):
+    http_status = 413
+    exit_code = 2
+
+
+class Unavailable(GpufleetError):
+    """A service gpufleet depends on (the head node, the database) cannot be reached."""
+
+    http_status = 503
+    exit_code = 7
+
+
+class ConfigError(GpufleetError):
+    """The configuration file or environment holds an invalid value."""
+
+    exit_code = 2

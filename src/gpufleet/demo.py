@@ -1,0 +1,100 @@
+"""`gpufleet demo`: a head node on SQLite and simulated H200 nodes in one process.
+
+The data directory is kept between runs: the same database, the same admin token (kept in a 0600
+file so it can be printed again) and the same node credentials, so a second run just resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+import httpx
+import typer
+
+from gpufleet.api.server import prepare
+from gpufleet.cli.state import CliState
+from gpufleet.client import raise_for
+from gpufleet.core.config import default_client_file, load_settings, write_client_file
+from gpufleet.core.errors import ConfigError
+from gpufleet.sim.runner import SimOptions, Simulation
+
+
+def _admin_token(data_dir: Path) -> str:
+    path = data_dir / "admin-token"
+    if path.exists():
+        return path.read_text().strip()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    token = "gfa_" + secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    return token
+
+
+def _point_cli_at(url: str, token: str) -> str:
+    """Save the demo's URL and token for `gpufleet` in other terminals, unless a login elsewhere exists."""
+    path = default_client_file()
+    if path.exists():
+        try:
+            current = load_settings(client_file=path)
+        except ConfigError:
+            return f"left {path} alone (unreadable)"
+        if current.server != url:
+            return f"left {path} alone (it points at {current.server}); use --server/--token"
+    write_client_file(path, url, token)
+    return f"saved server and token to {path}"
+
+
+def run_demo(cli: CliState, data_dir: Path, listen: str, nodes: int, gpus_per_node: int) -> None:
+    token = _admin_token(data_dir)
+    settings = cli.settings(data_dir=data_dir, listen=listen, bootstrap_token=token, database_url=None)
+    host, port = settings.listen_host_port()
+    url = f"http://{host}:{port}"
+    server, _ = prepare(settings)
+
+    async def main() -> None:
+        serving = asyncio.create_task(server.serve())
+        while not server.started:
+            if serving.done():
+                serving.result()  # e.g. the port is taken: raise it
+                return
+            await asyncio.sleep(0.05)
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}) as http:
+            response = await http.post("/api/v1/tokens/join", json={"expires_in_s": 3600, "uses": nodes})
+            raise_for(response)
+            join_token = response.json()["token"]
+        saved = _point_cli_at(url, token)
+        typer.echo(
+            f"\ngpufleet demo is running: {nodes} simulated nodes x {gpus_per_node} H200\n"
+            f"  status page : {url}/  (log in with the admin token)\n"
+            f"  admin token : {token}\n"
+            f"  data dir    : {data_dir}\n"
+            f"  CLI         : {saved}\n"
+            f"  try         : .venv/bin/gpufleet node list\n"
+            f"Press Ctrl-C to stop.\n"
+        )
+        simulation = Simulation(
+            SimOptions(
+                server=url,
+                join_token=join_token,
+                nodes=nodes,
+                gpus_per_node=gpus_per_node,
+                state_dir=data_dir / "sim",
+            )
+        )
+        simulation.build()
+        sim_task = asyncio.create_task(simulation.run())
+        try:
+            await serving
+        finally:
+            sim_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sim_task
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+    typer.echo("gpufleet demo stopped; run it again to resume with the same data.")

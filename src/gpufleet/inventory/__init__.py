@@ -1,0 +1,1 @@
+"""Nodes and GPUs: lifecycle, the node state machine, inventory and liveness."""

@@ -1,0 +1,84 @@
+"""Tables for nodes, their GPUs and their state history."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Enum, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from gpufleet.core.db import Base, UTCDateTime, enum_values
+from gpufleet.inventory.states import NodeState
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    state: Mapped[NodeState] = mapped_column(
+        Enum(NodeState, native_enum=False, length=16, values_callable=enum_values), index=True
+    )
+    state_since: Mapped[datetime] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # Settings that `node clone` copies.
+    category: Mapped[str | None] = mapped_column(String(64), default=None)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # Liveness: the last durable heartbeat receipt, and the agent's period.
+    last_seen: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    heartbeat_interval_s: Mapped[float | None] = mapped_column(Float, default=None)
+    # Inventory as last reported by the agent.
+    hostname: Mapped[str | None] = mapped_column(String(253), default=None)
+    cpus: Mapped[int | None] = mapped_column(Integer, default=None)
+    cpu_model: Mapped[str | None] = mapped_column(String(256), default=None)
+    memory_total_mib: Mapped[int | None] = mapped_column(Integer, default=None)
+    os_name: Mapped[str | None] = mapped_column(String(256), default=None)
+    kernel: Mapped[str | None] = mapped_column(String(256), default=None)
+    arch: Mapped[str | None] = mapped_column(String(64), default=None)
+    agent_version: Mapped[str | None] = mapped_column(String(64), default=None)
+    gpu_source: Mapped[str | None] = mapped_column(String(16), default=None)
+    inventory_fingerprint: Mapped[str | None] = mapped_column(String(64), default=None)
+    inventory_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+    gpus: Mapped[list[Gpu]] = relationship(
+        back_populates="node", cascade="all, delete-orphan", order_by="Gpu.index", lazy="selectin"
+    )
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("node_id", "index"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    uuid: Mapped[str] = mapped_column(String(96), index=True)
+    model: Mapped[str] = mapped_column(String(128))
+    serial: Mapped[str | None] = mapped_column(String(256), default=None)
+    pci_bus_id: Mapped[str] = mapped_column(String(32))
+    memory_total_mib: Mapped[int] = mapped_column(Integer)
+    driver_version: Mapped[str | None] = mapped_column(String(256), default=None)
+    cuda_version: Mapped[str | None] = mapped_column(String(256), default=None)
+    vbios_version: Mapped[str | None] = mapped_column(String(256), default=None)
+    mig_mode: Mapped[str | None] = mapped_column(String(16), default=None)
+    ecc_mode: Mapped[str | None] = mapped_column(String(16), default=None)
+    compute_capability: Mapped[str | None] = mapped_column(String(256), default=None)
+    power_limit_w: Mapped[float | None] = mapped_column(Float, default=None)
+
+    node: Mapped[Node] = relationship(back_populates="gpus")
+
+
+class NodeTransition(Base):
+    __tablename__ = "node_transitions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    from_state: Mapped[NodeState] = mapped_column(
+        Enum(NodeState, native_enum=False, length=16, values_callable=enum_values)
+    )
+    to_state: Mapped[NodeState] = mapped_column(
+        Enum(NodeState, native_enum=False, length=16, values_callable=enum_values)
+    )
+    reason: Mapped[str] = mapped_column(String(512))

@@ -1,0 +1,75 @@
+"""API shapes for nodes. Field names are stable: scripts read them from `-o json`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from gpufleet.inventory.states import NodeState
+from gpufleet.protocol.inventory import GpuInfo
+
+LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")]
+LabelValue = Annotated[str, StringConstraints(max_length=256)]
+Category = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+
+
+class NodeSettings(BaseModel):
+    """What an admin sets on a node and what `node clone` copies."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    category: Category | None = None
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64)
+
+
+class NodesCreate(NodeSettings):
+    names: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(
+        min_length=1, max_length=1000, description="node names or hostlist expressions such as gpu[001-016]"
+    )
+
+
+class NodeClone(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    names: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(min_length=1, max_length=1000)
+
+
+class NodeOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    state: NodeState
+    state_since: datetime
+    gpu_count: int
+    gpu_model: str | None
+    hostname: str | None
+    category: str | None
+    labels: dict[str, Any]
+    last_seen: datetime | None
+
+
+class TransitionOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    at: datetime
+    from_state: NodeState
+    to_state: NodeState
+    reason: str
+
+
+class NodeDetail(NodeOut):
+    created_at: datetime
+    heartbeat_interval_s: float | None
+    cpus: int | None
+    cpu_model: str | None
+    memory_total_mib: int | None
+    os_name: str | None
+    kernel: str | None
+    arch: str | None
+    agent_version: str | None
+    gpu_source: str | None
+    inventory_at: datetime | None
+    gpus: list[GpuInfo]
+    transitions: list[TransitionOut]

@@ -1,0 +1,194 @@
+"""Node lifecycle and inventory. Takes a session and a clock; never commits (the caller's transaction does)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from gpufleet.core import hostlist
+from gpufleet.core.clock import Clock, to_datetime
+from gpufleet.core.errors import Conflict, InvalidInput, NotFound
+from gpufleet.inventory.models import Gpu, Node, NodeTransition
+from gpufleet.inventory.schemas import NodeDetail, NodeOut, NodeSettings, TransitionOut
+from gpufleet.inventory.states import NodeState, allowed
+from gpufleet.protocol.inventory import GpuInfo, NodeInventory
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+HISTORY_SHOWN = 50
+
+
+def expand_names(expressions: list[str]) -> list[str]:
+    """Hostlist-expand and validate node names. Raises InvalidInput naming the first bad one."""
+    names = hostlist.expand(expressions)
+    for name in names:
+        if not _NAME.match(name):
+            raise InvalidInput(f"invalid node name {name!r}: use letters, digits, '.', '_' and '-' (max 63)")
+    return names
+
+
+def _by_names(session: Session, names: Iterable[str]) -> dict[str, Node]:
+    wanted = list(names)
+    found: dict[str, Node] = {}
+    # Chunks keep the IN list under every backend's parameter limit.
+    for start in range(0, len(wanted), 500):
+        chunk = wanted[start : start + 500]
+        found.update({n.name: n for n in session.scalars(select(Node).where(Node.name.in_(chunk)))})
+    return found
+
+
+def add_nodes(session: Session, clock: Clock, expressions: list[str], settings: NodeSettings) -> list[Node]:
+    """Pre-register nodes in state `new`. All or nothing: raises Conflict if any name exists."""
+    names = expand_names(expressions)
+    existing = _by_names(session, names)
+    if existing:
+        raise Conflict(f"node already exists: {hostlist.collect(sorted(existing))}")
+    now = to_datetime(clock.now())
+    nodes = [
+        Node(
+            name=name,
+            state=NodeState.NEW,
+            state_since=now,
+            created_at=now,
+            category=settings.category,
+            labels=dict(settings.labels),
+        )
+        for name in names
+    ]
+    session.add_all(nodes)
+    session.flush()
+    return nodes
+
+
+def get_node(session: Session, name: str) -> Node:
+    node = session.scalar(select(Node).where(Node.name == name))
+    if node is None:
+        raise NotFound(f"no such node: {name}")
+    return node
+
+
+def list_nodes(session: Session, expressions: list[str] | None = None) -> list[Node]:
+    if expressions:
+        return sorted(_by_names(session, expand_names(expressions)).values(), key=lambda n: n.name)
+    return list(session.scalars(select(Node).order_by(Node.name)))
+
+
+def remove_nodes(session: Session, expressions: list[str]) -> list[str]:
+    """Delete nodes with their GPUs, history and credentials. All or nothing: NotFound if any is unknown."""
+    names = expand_names(expressions)
+    found = _by_names(session, names)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise NotFound(f"no such node: {hostlist.collect(missing)}")
+    for node in found.values():
+        session.delete(node)
+    session.flush()
+    return names
+
+
+def clone_node(session: Session, clock: Clock, source: str, expressions: list[str]) -> list[Node]:
+    """New nodes with the source's settings (category, labels); inventory and state are their own."""
+    src = get_node(session, source)
+    settings = NodeSettings(category=src.category, labels=dict(src.labels))
+    return add_nodes(session, clock, expressions, settings)
+
+
+def join(session: Session, clock: Clock, name: str) -> Node:
+    """The node an agent joins as: the pre-registered one, or a new one in state `new`."""
+    node = session.scalar(select(Node).where(Node.name == name))
+    if node is not None:
+        return node
+    return add_nodes(session, clock, [name], NodeSettings())[0]
+
+
+def apply_inventory(session: Session, clock: Clock, node: Node, inventory: NodeInventory) -> bool:
+    """Store a reported inventory, replacing the GPU list. Returns False when nothing changed."""
+    fingerprint = inventory.fingerprint()
+    if node.inventory_fingerprint == fingerprint:
+        return False
+    node.hostname = inventory.hostname
+    node.cpus = inventory.cpus
+    node.cpu_model = inventory.cpu_model
+    node.memory_total_mib = inventory.memory_total_mib
+    node.os_name = inventory.os_name
+    node.kernel = inventory.kernel
+    node.arch = inventory.arch
+    node.agent_version = inventory.agent_version
+    node.gpu_source = inventory.gpu_source
+    node.inventory_fingerprint = fingerprint
+    node.inventory_at = to_datetime(clock.now())
+    node.gpus.clear()
+    session.flush()  # delete the old rows before inserting ones with the same (node_id, index)
+    node.gpus.extend(Gpu(**gpu.model_dump()) for gpu in inventory.gpus)
+    session.flush()
+    return True
+
+
+def transition(session: Session, clock: Clock, node_id: int, src: NodeState, dst: NodeState, reason: str) -> bool:
+    """Move a node from `src` to `dst` and record why. Returns False if it was no longer in `src`.
+
+    The UPDATE is conditional on the current state, so a replica acting on stale knowledge (the
+    leader marking down a node that another replica just saw) changes nothing.
+    """
+    if not allowed(src, dst):
+        raise Conflict(f"a node cannot go from {src} to {dst}")
+    at = to_datetime(clock.now())
+    result = session.execute(
+        update(Node).where(Node.id == node_id, Node.state == src).values(state=dst, state_since=at)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    session.add(NodeTransition(node_id=node_id, at=at, from_state=src, to_state=dst, reason=reason[:512]))
+    return True
+
+
+def gpu_counts(session: Session) -> dict[int, tuple[int, str | None]]:
+    rows = session.execute(select(Gpu.node_id, func.count(), func.min(Gpu.model)).group_by(Gpu.node_id))
+    return {node_id: (count, model) for node_id, count, model in rows}
+
+
+def to_out(node: Node) -> NodeOut:
+    return NodeOut(
+        name=node.name,
+        state=node.state,
+        state_since=node.state_since,
+        gpu_count=len(node.gpus),
+        gpu_model=node.gpus[0].model if node.gpus else None,
+        hostname=node.hostname,
+        category=node.category,
+        labels=node.labels,
+        last_seen=node.last_seen,
+    )
+
+
+def to_detail(session: Session, node: Node) -> NodeDetail:
+    transitions = session.scalars(
+        select(NodeTransition)
+        .where(NodeTransition.node_id == node.id)
+        .order_by(NodeTransition.at.desc(), NodeTransition.id.desc())
+        .limit(HISTORY_SHOWN)
+    )
+    base = to_out(node).model_dump()
+    return NodeDetail(
+        **base,
+        created_at=node.created_at,
+        heartbeat_interval_s=node.heartbeat_interval_s,
+        cpus=node.cpus,
+        cpu_model=node.cpu_model,
+        memory_total_mib=node.memory_total_mib,
+        os_name=node.os_name,
+        kernel=node.kernel,
+        arch=node.arch,
+        agent_version=node.agent_version,
+        gpu_source=node.gpu_source,
+        inventory_at=node.inventory_at,
+        gpus=[
+            GpuInfo.model_validate(
+                {f: getattr(g, f) for f in GpuInfo.model_fields},
+            )
+            for g in node.gpus
+        ],
+        transitions=[TransitionOut.model_validate(t) for t in transitions],
+    )

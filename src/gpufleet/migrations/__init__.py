@@ -1,0 +1,47 @@
+"""Alembic migrations, run by the head node on start (`upgrade`), and the metadata they are checked against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, MetaData, text
+
+HERE = Path(__file__).resolve().parent
+# Any constant works; it names the advisory lock that serialises migrations of replicas starting together.
+_MIGRATION_LOCK = 8_411_305_527
+
+
+def metadata() -> MetaData:
+    """All tables, for Alembic's autogenerate and the migration check in the tests."""
+    from gpufleet.auth import models as _auth  # noqa: F401
+    from gpufleet.core import leases as _leases  # noqa: F401
+    from gpufleet.core.db import Base
+    from gpufleet.inventory import models as _inventory  # noqa: F401
+
+    return Base.metadata
+
+
+def alembic_config(engine: Engine | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(HERE))
+    config.attributes["engine"] = engine
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to `revision`. On PostgreSQL, replicas starting together take turns."""
+    config = alembic_config(engine)
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATION_LOCK})
+            try:
+                config.attributes["connection"] = conn
+                command.upgrade(config, revision)
+                conn.commit()
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATION_LOCK})
+                conn.commit()
+        return
+    command.upgrade(config, revision)

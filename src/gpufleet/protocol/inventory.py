@@ -1,0 +1,59 @@
+"""What an agent reports about its node: host facts and GPUs.
+
+Limits on every field keep a malformed or hostile payload from growing the database:
+the head rejects anything outside them with a 422 and stores nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+ShortText = Annotated[str, StringConstraints(max_length=256, strip_whitespace=True)]
+Mode = Literal["enabled", "disabled"]
+
+MAX_GPUS_PER_NODE = 64
+GpuSource = Literal["nvml", "nvidia-smi", "simulated", "none"]
+
+
+class GpuInfo(BaseModel):
+    """One GPU as the driver describes it. Optional fields are None where the GPU or driver lacks them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int = Field(ge=0, lt=MAX_GPUS_PER_NODE)
+    uuid: Annotated[str, StringConstraints(min_length=1, max_length=96)]
+    model: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    serial: ShortText | None = None
+    pci_bus_id: Annotated[str, StringConstraints(min_length=1, max_length=32)]
+    memory_total_mib: int = Field(ge=0, le=16 * 1024 * 1024)
+    driver_version: ShortText | None = None
+    cuda_version: ShortText | None = None
+    vbios_version: ShortText | None = None
+    mig_mode: Mode | None = None
+    ecc_mode: Mode | None = None
+    compute_capability: ShortText | None = None
+    power_limit_w: float | None = Field(default=None, ge=0, le=100_000)
+
+
+class NodeInventory(BaseModel):
+    """The inventory an agent sends on joining and again whenever it changes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hostname: Annotated[str, StringConstraints(min_length=1, max_length=253)]
+    cpus: int = Field(ge=0, le=65_536)
+    cpu_model: ShortText | None = None
+    memory_total_mib: int = Field(ge=0, le=1 << 40)
+    os_name: ShortText | None = None
+    kernel: ShortText | None = None
+    arch: ShortText | None = None
+    agent_version: ShortText | None = None
+    gpu_source: GpuSource = "none"
+    gpus: list[GpuInfo] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
+
+    def fingerprint(self) -> str:
+        """A stable hash of the content, so both sides can tell cheaply whether it changed."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()

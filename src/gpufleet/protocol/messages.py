@@ -1,0 +1,79 @@
+"""Messages on the agent channel (a WebSocket at /api/v1/agent/channel) and the join call.
+
+The agent opens the channel with its node credential as a bearer token and then sends a
+`hello` followed by a `heartbeat` every interval. The head answers `ack` for a heartbeat
+only once its receipt is durable in the database, so an acknowledged heartbeat survives a
+head restart. Malformed messages close the channel with a 4xxx code that carries the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
+
+from gpufleet.protocol.inventory import NodeInventory
+
+NodeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+
+# WebSocket close codes in the private range, mirroring HTTP status codes.
+CLOSE_BAD_MESSAGE = 4400
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_NODE_GONE = 4404
+CLOSE_TOO_LARGE = 4413
+MAX_CHANNEL_MESSAGE_BYTES = 64 * 1024
+MAX_INVENTORY_BYTES = 256 * 1024
+
+
+class JoinRequest(BaseModel):
+    """Sent once, with the join token as bearer, to trade it for a per-node credential."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: NodeName
+    inventory: NodeInventory | None = None
+
+
+class JoinResponse(BaseModel):
+    node_id: int
+    name: str
+    credential: str
+    heartbeat_interval_s: float
+
+
+class Hello(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["hello"] = "hello"
+    heartbeat_interval_s: float = Field(ge=0.05, le=3600)
+    inventory_fingerprint: str | None = Field(default=None, max_length=64)
+
+
+class Heartbeat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["heartbeat"] = "heartbeat"
+    seq: int = Field(ge=0)
+
+
+AgentMessage = Annotated[Hello | Heartbeat, Field(discriminator="type")]
+agent_message_adapter: TypeAdapter[Hello | Heartbeat] = TypeAdapter(AgentMessage)
+
+
+class Welcome(BaseModel):
+    """The head's answer to `hello`: whether it wants the inventory re-sent."""
+
+    type: Literal["welcome"] = "welcome"
+    node: str
+    inventory_wanted: bool
+
+
+class Ack(BaseModel):
+    """Every heartbeat up to and including `seq` is durable on the head."""
+
+    type: Literal["ack"] = "ack"
+    seq: int
+
+
+HeadMessage = Annotated[Welcome | Ack, Field(discriminator="type")]
+head_message_adapter: TypeAdapter[Welcome | Ack] = TypeAdapter(HeadMessage)

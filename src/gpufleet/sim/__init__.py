@@ -1,0 +1,1 @@
+"""Simulated hardware, so whole fleets can run on a laptop without a single GPU."""

@@ -1,0 +1,129 @@
+"""`gpufleet sim`: many agents in one process, each with a simulated NVML; the agent code is the real one.
+
+All agents share one event loop and one HTTP connection pool, which is what lets 1,000 nodes run on
+two cores: a heartbeat is one small WebSocket frame, and an idle agent costs a sleeping coroutine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from gpufleet.agent.credentials import CredentialStore
+from gpufleet.agent.daemon import Agent, AgentOptions
+from gpufleet.agent.gpu.nvml import NvmlReader
+from gpufleet.agent.inventory import inventory_source
+from gpufleet.client import AgentHttp
+from gpufleet.core.errors import GpufleetError, InvalidInput
+from gpufleet.sim.host import simulated_host
+from gpufleet.sim.nvml import SimulatedNvml
+
+log = logging.getLogger(__name__)
+MAX_NODES = 10_000
+
+
+def node_names(count: int, prefix: str = "sim") -> list[str]:
+    width = max(3, len(str(count)))
+    return [f"{prefix}{i:0{width}d}" for i in range(1, count + 1)]
+
+
+@dataclass
+class SimOptions:
+    server: str
+    join_token: str | None
+    nodes: int
+    gpus_per_node: int = 8
+    gpu_model: str = "H200"
+    state_dir: Path = Path("gpufleet-sim")
+    prefix: str = "sim"
+    heartbeat_interval_s: float | None = None
+    ramp_s: float | None = None  # spread the joins; default: 5 ms a node
+
+
+@dataclass
+class Simulation:
+    """The running agents, by node name; tests and benchmarks stop and restart single nodes."""
+
+    options: SimOptions
+    agents: dict[str, Agent] = field(default_factory=dict)
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    _http: httpx.AsyncClient | None = None
+
+    def build(self) -> None:
+        """Create the agents. Raises InvalidInput for a bad node count or an unknown GPU model."""
+        opts = self.options
+        if not 1 <= opts.nodes <= MAX_NODES:
+            raise InvalidInput(f"--nodes must be between 1 and {MAX_NODES}")
+        if not 0 <= opts.gpus_per_node <= 64:
+            raise InvalidInput("--gpus-per-node must be between 0 and 64")
+        self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
+        http = AgentHttp(opts.server, self._http)
+        for name in node_names(opts.nodes, opts.prefix):
+            try:
+                nvml = SimulatedNvml(name, gpu_count=opts.gpus_per_node, gpu_model=opts.gpu_model)
+            except ValueError as exc:
+                raise InvalidInput(str(exc)) from None
+            host = functools.partial(simulated_host, name, opts.gpus_per_node)
+            read = inventory_source(host, [NvmlReader(nvml, source="simulated")])
+            agent_opts = AgentOptions(
+                server=opts.server,
+                name=name,
+                join_token=opts.join_token,
+                heartbeat_interval_s=opts.heartbeat_interval_s,
+            )
+            store = CredentialStore(opts.state_dir / "nodes" / f"{name}.json")
+            self.agents[name] = Agent(agent_opts, store, http, read)
+
+    def start_node(self, name: str) -> None:
+        task = self.tasks.get(name)
+        if task is not None and not task.done():
+            return
+        self.tasks[name] = asyncio.create_task(self._run_one(name), name=f"agent-{name}")
+
+    async def stop_node(self, name: str) -> None:
+        """Stop one node's agent as if the node died: its channel just goes away."""
+        task = self.tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run_one(self, name: str) -> None:
+        try:
+            await self.agents[name].run()
+        except GpufleetError as exc:
+            self.failures[name] = str(exc)
+            log.error("node %s stopped: %s", name, exc)
+
+    async def run(self) -> None:
+        """Start every agent (ramped) and run until cancelled. Raises the first error if no node could run."""
+        if not self.agents:
+            self.build()
+        ramp = self.options.ramp_s if self.options.ramp_s is not None else 0.005 * len(self.agents)
+        step = ramp / max(len(self.agents), 1)
+        try:
+            for name in self.agents:
+                self.start_node(name)
+                if step:
+                    await asyncio.sleep(step)
+            while True:
+                await asyncio.sleep(1.0)
+                if self.failures and len(self.failures) == len(self.agents):
+                    first = next(iter(self.failures.values()))
+                    raise GpufleetError(f"no simulated node could run: {first}")
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        for name in list(self.tasks):
+            await self.stop_node(name)
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None

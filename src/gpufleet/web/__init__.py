@@ -1,0 +1,1 @@
+"""Dashboard templates and static assets (served by the api package)."""

@@ -1,0 +1,133 @@
+"""The head node's background loops and the leadership that gates the singleton ones.
+
+Every replica flushes the heartbeat receipts it holds; only the lease holder sweeps for silent
+nodes. Database work runs in threads so the event loop keeps serving agent channels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpufleet.core.clock import Clock
+from gpufleet.core.config import Settings
+from gpufleet.core.db import transaction
+from gpufleet.core.leases import release, try_acquire
+from gpufleet.core.loops import run_periodic
+from gpufleet.inventory.liveness import Change, HeartbeatBook, Receipt, flush, sweep
+
+log = logging.getLogger(__name__)
+LEADER_LEASE = "head-leader"
+
+OnDurable = Callable[[dict[int, Receipt]], None]
+
+
+def replica_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class HeadLoops:
+    settings: Settings
+    sessions: sessionmaker[Session]
+    clock: Clock
+    book: HeartbeatBook = field(default_factory=HeartbeatBook)
+    holder: str = field(default_factory=replica_id)
+    on_durable: OnDurable = lambda _receipts: None
+    on_change: Callable[[Change], None] = lambda _change: None
+    leader_since: float | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader_since is not None
+
+    # -- one pass of each loop (also what tests call) ---------------------------------------------
+    def flush_once(self) -> list[Change]:
+        receipts = self.book.take_pending()
+        if not receipts:
+            return []
+        try:
+            with transaction(self.sessions) as session:
+                changes = flush(session, self.clock, receipts)
+        except Exception:
+            self.book.restore(receipts)
+            raise
+        self.on_durable(receipts)
+        return changes
+
+    def lead_once(self) -> bool:
+        with transaction(self.sessions) as session:
+            held = try_acquire(session, LEADER_LEASE, self.holder, self.clock.now(), self.settings.lease_ttl_s)
+        if held and self.leader_since is None:
+            self.leader_since = self.clock.now()
+            log.info("this replica (%s) is now the leader", self.holder)
+        elif not held and self.leader_since is not None:
+            self.leader_since = None
+            log.warning("this replica (%s) lost the leadership lease", self.holder)
+        return held
+
+    def sweep_once(self) -> list[Change]:
+        if self.leader_since is None:
+            return []
+        with transaction(self.sessions) as session:
+            return sweep(
+                session,
+                self.clock,
+                self.book,
+                down_after_intervals=self.settings.down_after_intervals,
+                default_interval_s=self.settings.heartbeat_interval_s,
+                not_before=self.leader_since + self.settings.leader_grace_s,
+            )
+
+    def resign(self) -> None:
+        if self.leader_since is None:
+            return
+        with transaction(self.sessions) as session:
+            release(session, LEADER_LEASE, self.holder)
+        self.leader_since = None
+
+    # -- the loops --------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set; then make pending receipts durable and give up the lease."""
+
+        def report(changes: list[Change]) -> None:
+            for change in changes:
+                log.info("node %s is %s: %s", change.name, change.to_state, change.reason)
+                self.on_change(change)
+
+        async def flush_step() -> None:
+            report(await asyncio.to_thread(self.flush_once))
+
+        async def lead_step() -> None:
+            await asyncio.to_thread(self.lead_once)
+
+        async def sweep_step() -> None:
+            report(await asyncio.to_thread(self.sweep_once))
+
+        # Renew at a third of the TTL, so two missed renewals still keep the lease.
+        lease_period = self.settings.lease_ttl_s / 3
+        try:
+            await asyncio.gather(
+                run_periodic("heartbeat-flush", self.settings.flush_interval_s, flush_step, stop),
+                run_periodic("leadership", lease_period, lead_step, stop),
+                run_periodic("liveness-sweep", self.settings.sweep_interval_s, sweep_step, stop),
+            )
+        finally:
+            await asyncio.to_thread(self._shutdown)
+
+    def _shutdown(self) -> None:
+        try:
+            self.flush_once()
+        except Exception:
+            log.exception("final heartbeat flush failed")
+        try:
+            self.resign()
+        except Exception:
+            log.exception("could not release the leadership lease")
