@@ -1,0 +1,567 @@
+"""How fast does the head notice a dead node, what does it cost, and does it ever cry wolf?
+
+Starts `gpufleet server` (SQLite in a fresh temp dir) as a subprocess, runs N simulated nodes with 1 s
+heartbeats in this process, and after the leader's grace period kills a batch of random nodes every
+few seconds (their agent task is cancelled, as if the node died), restarting each one a round later.
+At the end it reads every changed node's transitions from the API and reports:
+
+* detection latency: the `up -> down` transition's time minus the killed agent's last heartbeat send,
+  as p50/p90/p99/max;
+* false `down` transitions: any `up -> down` in the measured window that no kill explains;
+* the head's CPU (user+system of the server process over the window / wall time) and the simulator's;
+* how long N nodes took to join and all be `up`.
+
+    .venv/bin/python bench/liveness.py --nodes 1000 --duration 300 --json bench/results/liveness-1000.json
+
+Goal (the liveness issue): p99 <= 3 s with zero false transitions. Exit status 0 when met, 1 when not,
+2 when the benchmark itself could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import platform
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gpufleet.client import HeadClient
+from gpufleet.core.errors import GpufleetError
+from gpufleet.sim.runner import SimOptions, Simulation
+
+HEARTBEAT_S = 1.0
+DOWN_AFTER_INTERVALS = 2.5  # the head's default; set explicitly for the server below
+LEADER_GRACE_S = 10.0
+GOAL_P99_S = 3.0
+BOOTSTRAP_TOKEN = "gfa_bench_liveness_0123456789abcdef"  # noqa: S105 - a throwaway head on 127.0.0.1
+SILENCE_RE = re.compile(r"no heartbeat for ([0-9.]+)s")
+
+
+class BenchError(Exception):
+    """The benchmark could not run (server did not start, nodes did not come up, ...)."""
+
+
+@dataclass
+class Kill:
+    node: str
+    killed_at: float  # wall clock when the agent was stopped
+    last_heartbeat_at: float  # wall clock of the agent's last heartbeat send
+    restarted_at: float | None = None
+    down_at: float | None = None  # the matching up->down transition
+    head_silence_s: float | None = None  # the silence the head's sweep saw, from the transition reason
+    up_again_at: float | None = None
+
+
+@dataclass
+class ChurnState:
+    """Shared by the kill loop and the monitor: every kill so far, the nodes dead now, restart times."""
+
+    kills: list[Kill] = field(default_factory=list)
+    down_now: dict[str, Kill] = field(default_factory=dict)
+    restarted: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SimHealth:
+    """What the monitor coroutine sees inside the simulator: event-loop lag and heartbeat gaps."""
+
+    lag_samples: list[float] = field(default_factory=list)
+    max_heartbeat_age_s: float = 0.0  # of live (not killed, not just restarted) nodes, sampled
+    max_heartbeat_age_node: str = ""
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    url: str
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+# -- small helpers --------------------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in 0..100), like numpy's default; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def parse_at(value: str) -> float:
+    return datetime.fromisoformat(value).timestamp()
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def fmt(value: float | None, unit: str = "s", digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f} {unit}".rstrip()
+
+
+# -- the head node --------------------------------------------------------------------------------
+def start_server(workdir: Path, port: int) -> ServerProcess:
+    if not port_free(port):
+        raise BenchError(f"port {port} on 127.0.0.1 is taken; pass --port")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    env.update(
+        {
+            "GPUFLEET_BOOTSTRAP_TOKEN": BOOTSTRAP_TOKEN,
+            "GPUFLEET_LOG_LEVEL": "WARNING",
+            "GPUFLEET_CLIENT_CONFIG": str(workdir / "no-client.toml"),
+            "GPUFLEET_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_S),
+            "GPUFLEET_DOWN_AFTER_INTERVALS": str(DOWN_AFTER_INTERVALS),
+            "GPUFLEET_LEADER_GRACE_S": str(LEADER_GRACE_S),
+        }
+    )
+    log_path = workdir / "server.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpufleet.entry",
+        "server",
+        "--data-dir",
+        str(workdir / "head"),
+        "--listen",
+        f"127.0.0.1:{port}",
+    ]
+    with log_path.open("wb") as log_file:
+        # Own session: a Ctrl-C in the terminal reaches only this script, which then stops the server itself.
+        proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    return ServerProcess(proc=proc, log_path=log_path, url=f"http://127.0.0.1:{port}")
+
+
+def stop_server(server: ServerProcess) -> None:
+    if server.proc.poll() is not None:
+        return
+    server.proc.send_signal(signal.SIGTERM)
+    try:
+        server.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait(timeout=10)
+
+
+def wait_for_leader(server: ServerProcess, client: HeadClient, timeout_s: float = 60.0) -> float:
+    """Wait until /healthz answers and this head holds the leader lease. Returns when that was first seen."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise BenchError(f"the server exited with {server.proc.returncode}:\n{server.log_tail()}")
+        with contextlib.suppress(GpufleetError):
+            if client.health().get("leader"):
+                return time.time()
+        time.sleep(0.1)
+    raise BenchError(f"the server did not become healthy and leader in {timeout_s:.0f}s:\n{server.log_tail()}")
+
+
+# -- the simulator side ---------------------------------------------------------------------------
+async def monitor(sim: Simulation, state: ChurnState, health: SimHealth) -> None:
+    """Every 0.25 s: how late this event loop wakes up, and the oldest heartbeat of a live node."""
+    loop = asyncio.get_running_loop()
+    period = 0.25
+    while True:
+        expected = loop.time() + period
+        await asyncio.sleep(period)
+        health.lag_samples.append(max(0.0, loop.time() - expected))
+        now = time.time()
+        for name, agent in sim.agents.items():
+            if name in state.down_now or agent.last_heartbeat_at is None or not agent.connected:
+                continue
+            if now - state.restarted.get(name, 0.0) < 5.0:
+                continue
+            age = now - agent.last_heartbeat_at
+            if age > health.max_heartbeat_age_s:
+                health.max_heartbeat_age_s = age
+                health.max_heartbeat_age_node = name
+
+
+async def wait_all_up(sim: Simulation, sim_task: asyncio.Task[None], client: HeadClient, timeout_s: float) -> int:
+    """Poll the head until every simulated node is `up`. Returns the number of polls."""
+    deadline = time.monotonic() + timeout_s
+    polls = 0
+    want = len(sim.agents)
+    up = 0
+    while time.monotonic() < deadline:
+        if sim_task.done():
+            sim_task.result()  # raises the simulator's error
+            raise BenchError("the simulator stopped early")
+        nodes = await asyncio.to_thread(client.list_nodes)
+        polls += 1
+        up = sum(1 for n in nodes if n["state"] == "up" and n["name"] in sim.agents)
+        if up == want:
+            return polls
+        if sim.failures:
+            first = next(iter(sim.failures.items()))
+            raise BenchError(f"{len(sim.failures)} simulated node(s) failed, e.g. {first[0]}: {first[1]}")
+        await asyncio.sleep(1.0)
+    raise BenchError(f"only {up} of {want} nodes were up after {timeout_s:.0f}s")
+
+
+def pick_victims(
+    sim: Simulation, rng: random.Random, count: int, down_now: set[str], restarted: dict[str, float]
+) -> list[str]:
+    """Random nodes that are live and settled: connected, beating, not killed, not restarted in the last 5 s."""
+    now = time.time()
+    candidates = [
+        name
+        for name, agent in sim.agents.items()
+        if name not in down_now
+        and agent.connected
+        and agent.last_heartbeat_at is not None
+        and now - agent.last_heartbeat_at < 1.5 * HEARTBEAT_S
+        and now - restarted.get(name, 0.0) >= 5.0
+    ]
+    return rng.sample(candidates, min(count, len(candidates)))
+
+
+async def kill(sim: Simulation, name: str) -> Kill:
+    killed_at = time.time()
+    await sim.stop_node(name)
+    # Read after the task is gone: a beat in flight when it was cancelled has then been counted or not.
+    last = sim.agents[name].last_heartbeat_at
+    assert last is not None
+    return Kill(node=name, killed_at=killed_at, last_heartbeat_at=last)
+
+
+async def churn(
+    sim: Simulation,
+    args: argparse.Namespace,
+    window_start: float,
+    window_end: float,
+    all_kills: list[Kill],
+    restarted: dict[str, float],
+) -> None:
+    """Every --kill-every seconds: restart the nodes killed long enough ago, then kill a new batch."""
+    rng = random.Random(args.seed)
+    deadline_s = HEARTBEAT_S * DOWN_AFTER_INTERVALS
+    restart_after = deadline_s + 2.5  # well past detection, so a restart never hides a kill
+    down_now: dict[str, Kill] = {}
+    round_no = 0
+    while True:
+        round_no += 1
+        at = window_start + round_no * args.kill_every
+        if at + restart_after > window_end:
+            break
+        await asyncio.sleep(max(0.0, at - time.time()))
+        now = time.time()
+        for name, k in list(down_now.items()):
+            if now - k.killed_at >= restart_after:
+                sim.start_node(name)
+                k.restarted_at = restarted[name] = time.time()
+                del down_now[name]
+        victims = pick_victims(sim, rng, args.kill_batch, set(down_now), restarted)
+        for k in await asyncio.gather(*(kill(sim, name) for name in victims)):
+            down_now[k.node] = k
+            all_kills.append(k)
+    # Bring the last batch back before the window closes, so every node ends the run alive.
+    await asyncio.sleep(max(0.0, max((k.killed_at for k in down_now.values()), default=0.0) + restart_after - time.time()))
+    for name, k in down_now.items():
+        sim.start_node(name)
+        k.restarted_at = restarted[name] = time.time()
+
+
+# -- reading the verdict back ---------------------------------------------------------------------
+def fetch_transitions(client: HeadClient, since: float, must: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """Chronological transitions of every node whose state changed since `since` (plus `must`).
+
+    A node whose `state_since` is older than the window has had no transition in it, so it needs no call.
+    """
+    nodes = client.list_nodes()
+    names = {n["name"] for n in nodes if parse_at(n["state_since"]) >= since} | must
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name in sorted(names):
+        detail = client.show_node(name)
+        out[name] = list(reversed(detail["transitions"]))  # the API gives newest first
+    return out
+
+
+def match(
+    kills: list[Kill], transitions: dict[str, list[dict[str, Any]]], window_start: float, window_end: float
+) -> list[dict[str, Any]]:
+    """Fill each kill's detection and recovery; return the up->down transitions no kill explains."""
+    downs: dict[str, list[dict[str, Any]]] = {}
+    ups: dict[str, list[dict[str, Any]]] = {}
+    for name, rows in transitions.items():
+        for row in rows:
+            at = parse_at(row["at"])
+            if not window_start <= at <= window_end:
+                continue
+            entry = {**row, "node": name, "ts": at}
+            if row["from_state"] == "up" and row["to_state"] == "down":
+                downs.setdefault(name, []).append(entry)
+            elif row["to_state"] == "up":
+                ups.setdefault(name, []).append(entry)
+    explained: set[int] = set()
+    for k in sorted(kills, key=lambda k: k.killed_at):
+        until = k.restarted_at if k.restarted_at is not None else window_end
+        for entry in downs.get(k.node, []):
+            if id(entry) not in explained and k.killed_at <= entry["ts"] <= until:
+                explained.add(id(entry))
+                k.down_at = entry["ts"]
+                silence = SILENCE_RE.search(entry["reason"])
+                k.head_silence_s = float(silence.group(1)) if silence else None
+                break
+        if k.restarted_at is not None:
+            k.up_again_at = next((e["ts"] for e in ups.get(k.node, []) if e["ts"] >= k.restarted_at), None)
+    return [e for rows in downs.values() for e in rows if id(e) not in explained]
+
+
+# -- the run --------------------------------------------------------------------------------------
+async def run_simulation(args: argparse.Namespace, server: ServerProcess, workdir: Path) -> dict[str, Any]:
+    client = HeadClient(server.url, BOOTSTRAP_TOKEN)
+    server_started = time.time()
+    leader_at = await asyncio.to_thread(wait_for_leader, server, client)
+    join = await asyncio.to_thread(client.create_join_token, 3600, args.nodes)
+    sim = Simulation(
+        SimOptions(
+            server=server.url,
+            join_token=join["token"],
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            state_dir=workdir / "sim",
+            heartbeat_interval_s=HEARTBEAT_S,
+        )
+    )
+    sim.build()
+    kills: list[Kill] = []
+    restarted: dict[str, float] = {}
+    health = SimHealth()
+    live_kills: dict[str, Kill] = {}
+    sim_started = time.time()
+    sim_task = asyncio.create_task(sim.run(), name="simulation")
+    monitor_task: asyncio.Task[None] | None = None
+    try:
+        polls = await wait_all_up(sim, sim_task, client, timeout_s=max(120.0, args.nodes * 0.2))
+        all_up_s = time.time() - sim_started
+        print(f"all {args.nodes} nodes up after {all_up_s:.1f}s ({polls} polls); waiting out the leader grace")
+        window_start = max(time.time() + 2.0, leader_at + LEADER_GRACE_S + 1.0)
+        await asyncio.sleep(window_start - time.time())
+        head = psutil.Process(server.proc.pid)
+        me = psutil.Process()
+        head_cpu0, me_cpu0, wall0 = cpu_seconds(head), cpu_seconds(me), time.monotonic()
+        window_start = time.time()
+        window_end = window_start + args.duration
+        health.lag_samples.clear()
+        monitor_task = asyncio.create_task(_monitor_live(sim, kills, live_kills, restarted, health))
+        print(f"measuring for {args.duration:.0f}s: {args.kill_batch} node(s) killed every {args.kill_every:.0f}s")
+        await churn(sim, args, window_start, window_end, kills, restarted)
+        await asyncio.sleep(max(0.0, window_end - time.time()))
+        head_cpu1, me_cpu1, wall1 = cpu_seconds(head), cpu_seconds(me), time.monotonic()
+        head_rss = head.memory_info().rss
+        window_end = time.time()
+        if sim_task.done():
+            sim_task.result()
+            raise BenchError("the simulator stopped during the run")
+        transitions = await asyncio.to_thread(fetch_transitions, client, window_start, {k.node for k in kills})
+        false_downs = match(kills, transitions, window_start, window_end)
+    finally:
+        if monitor_task is not None:
+            monitor_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await monitor_task
+        sim_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, GpufleetError):
+            await sim_task
+        client.close()
+    wall = wall1 - wall0
+    return figures(
+        args,
+        kills=kills,
+        false_downs=false_downs,
+        health=health,
+        all_up_s=all_up_s,
+        setup_s=window_start - server_started,
+        wall=wall,
+        head_cpu=head_cpu1 - head_cpu0,
+        sim_cpu=me_cpu1 - me_cpu0,
+        head_rss=head_rss,
+    )
+
+
+def figures(
+    args: argparse.Namespace,
+    *,
+    kills: list[Kill],
+    false_downs: list[dict[str, Any]],
+    health: SimHealth,
+    all_up_s: float,
+    setup_s: float,
+    wall: float,
+    head_cpu: float,
+    sim_cpu: float,
+    head_rss: int,
+) -> dict[str, Any]:
+    detected = [k for k in kills if k.down_at is not None]
+    latencies = [k.down_at - k.last_heartbeat_at for k in detected if k.down_at is not None]
+    silences = [k.head_silence_s for k in detected if k.head_silence_s is not None]
+    # How long after the last send the head last heard the node: latency minus the silence the sweep saw.
+    delivery = [
+        (k.down_at - k.last_heartbeat_at) - k.head_silence_s
+        for k in detected
+        if k.down_at is not None and k.head_silence_s is not None
+    ]
+    recoveries = [k.up_again_at - k.restarted_at for k in kills if k.up_again_at and k.restarted_at]
+    p99 = percentile(latencies, 99)
+    missed = len(kills) - len(detected)
+    return {
+        "machine": {
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_1m_at_end": os.getloadavg()[0],
+        },
+        "nodes": args.nodes,
+        "heartbeat_interval_s": HEARTBEAT_S,
+        "down_deadline_s": HEARTBEAT_S * DOWN_AFTER_INTERVALS,
+        "duration_s": round(wall, 1),
+        "kill_every_s": args.kill_every,
+        "kill_batch": args.kill_batch,
+        "kills": len(kills),
+        "detected": len(detected),
+        "missed": missed,
+        "latency_s": {
+            "p50": percentile(latencies, 50),
+            "p90": percentile(latencies, 90),
+            "p99": p99,
+            "max": max(latencies, default=None),
+            "min": min(latencies, default=None),
+        },
+        "head_silence_at_down_s": {"p50": percentile(silences, 50), "max": max(silences, default=None)},
+        "send_to_last_receipt_s": {"p50": percentile(delivery, 50), "max": max(delivery, default=None)},
+        "false_down_transitions": len(false_downs),
+        "false_down_examples": [
+            {"node": e["node"], "at": e["at"], "reason": e["reason"]} for e in sorted(false_downs, key=lambda e: e["ts"])
+        ][:10],
+        "recovered": len(recoveries),
+        "recovery_s": {"p50": percentile(recoveries, 50), "max": max(recoveries, default=None)},
+        "head_cpu_cores": head_cpu / wall,
+        "head_rss_mib": head_rss / 2**20,
+        "sim_cpu_cores": sim_cpu / wall,
+        "sim_loop_lag_s": {
+            "p50": percentile(health.lag_samples, 50),
+            "p99": percentile(health.lag_samples, 99),
+            "max": max(health.lag_samples, default=None),
+        },
+        "sim_max_heartbeat_age_s": health.max_heartbeat_age_s,
+        "time_to_all_up_s": all_up_s,
+        "setup_s": setup_s,
+        "goal": {
+            "p99_max_s": GOAL_P99_S,
+            "met": p99 is not None and p99 <= GOAL_P99_S and not false_downs and missed == 0,
+        },
+        "kill_log": [asdict(k) for k in kills],
+    }
+
+
+def report(fig: dict[str, Any]) -> str:
+    m = fig["machine"]
+    lat = fig["latency_s"]
+    lag = fig["sim_loop_lag_s"]
+    goal = fig["goal"]
+    lines = [
+        "gpufleet liveness benchmark",
+        f"  machine          {m['platform']}, {m['cpu_count']} CPUs, Python {m['python']}",
+        f"  nodes            {fig['nodes']} (heartbeat {fig['heartbeat_interval_s']:g}s,"
+        f" down after {fig['down_deadline_s']:g}s silent)",
+        f"  duration         {fig['duration_s']:.0f}s measured; {fig['kills']} kills"
+        f" ({fig['kill_batch']} every {fig['kill_every_s']:g}s), {fig['detected']} detected, {fig['missed']} missed",
+        f"  detection        p50 {fmt(lat['p50'])}  p90 {fmt(lat['p90'])}  p99 {fmt(lat['p99'])}"
+        f"  max {fmt(lat['max'])}  (last heartbeat sent -> down)",
+        f"    of which       head-side silence at down p50 {fmt(fig['head_silence_at_down_s']['p50'], digits=1)}"
+        f" max {fmt(fig['head_silence_at_down_s']['max'], digits=1)};"
+        f" send->receipt p50 {fmt(fig['send_to_last_receipt_s']['p50'])}"
+        f" max {fmt(fig['send_to_last_receipt_s']['max'])}",
+        f"  false downs      {fig['false_down_transitions']}",
+        f"  recovery         {fig['recovered']} restarted nodes back up, p50 {fmt(fig['recovery_s']['p50'])}"
+        f" max {fmt(fig['recovery_s']['max'])}",
+        f"  head CPU         {fig['head_cpu_cores']:.3f} cores ({fig['head_cpu_cores'] * 100:.1f}% of one core),"
+        f" RSS {fig['head_rss_mib']:.0f} MiB",
+        f"  simulator CPU    {fig['sim_cpu_cores']:.3f} cores ({fig['sim_cpu_cores'] * 100:.1f}% of one core);"
+        f" loop lag p50 {fmt(lag['p50'])} p99 {fmt(lag['p99'])} max {fmt(lag['max'])};"
+        f" oldest live heartbeat {fmt(fig['sim_max_heartbeat_age_s'])}",
+        f"  time to all up   {fig['time_to_all_up_s']:.1f}s (server start to measuring: {fig['setup_s']:.1f}s)",
+        f"  goal             p99 <= {goal['p99_max_s']:g}s, 0 false downs, none missed:"
+        f" {'MET' if goal['met'] else 'NOT MET'}",
+    ]
+    lines += [f"  false down       {e['node']} at {e['at']}: {e['reason']}" for e in fig["false_down_examples"]]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--duration", type=float, default=300.0, help="measured seconds")
+    parser.add_argument("--kill-every", type=float, default=15.0, help="seconds between kill rounds")
+    parser.add_argument("--kill-batch", type=int, default=10, help="nodes killed per round")
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--port", type=int, default=18765)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.kill_every < HEARTBEAT_S * DOWN_AFTER_INTERVALS + 1.0:
+        parser.error("--kill-every must leave time for detection (at least 3.5s)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-") as tmp:
+        workdir = Path(tmp)
+        server = start_server(workdir, args.port)
+        try:
+            fig = asyncio.run(run_simulation(args, server, workdir))
+        except BenchError as exc:
+            print(f"benchmark failed: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        finally:
+            stop_server(server)
+    print(report(fig))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(fig, indent=2) + "\n")
+        print(f"figures written to {args.json}")
+    return 0 if fig["goal"]["met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

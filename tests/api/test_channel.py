@@ -1,0 +1,76 @@
+"""The agent channel over a real WebSocket: hello, heartbeats, acks after the flush, protocol errors."""
+
+import json
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+from gpufleet.inventory.states import NodeState
+from gpufleet.protocol.messages import CLOSE_BAD_MESSAGE, CLOSE_NODE_GONE, CLOSE_UNAUTHORIZED
+
+
+def _credential(client: TestClient, name: str) -> str:
+    join = client.post("/api/v1/tokens/join", json={"expires_in_s": 600}).json()["token"]
+    response = client.post("/api/v1/agent/join", json={"name": name}, headers={"Authorization": f"Bearer {join}"})
+    token: str = response.json()["credential"]
+    return token
+
+
+def test_heartbeats_are_acked_only_after_they_are_durable(client: TestClient) -> None:
+    loops = client.app.state.ctx.loops  # type: ignore[attr-defined]
+    credential = _credential(client, "n1")
+    with client.websocket_connect("/api/v1/agent/channel", headers={"Authorization": f"Bearer {credential}"}) as ws:
+        ws.send_text(json.dumps({"type": "hello", "heartbeat_interval_s": 1.0}))
+        welcome = ws.receive_json()
+        assert welcome == {"type": "welcome", "node": "n1", "inventory_wanted": True}
+        ws.send_text(json.dumps({"type": "heartbeat", "seq": 7}))
+        # Nothing is durable yet: the node is still `new` and no ack has been sent.
+        assert client.get("/api/v1/nodes/n1").json()["state"] == NodeState.NEW
+        deadline = time.monotonic() + 5
+        while (loops.book.latest.get(1) is None or loops.book.latest[1].seq != 7) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the server thread records the heartbeat asynchronously
+        changes = loops.flush_once()
+        assert [(c.name, c.to_state) for c in changes] == [("n1", NodeState.UP)]
+        assert ws.receive_json() == {"type": "ack", "seq": 7}
+        node = client.get("/api/v1/nodes/n1").json()
+        assert node["state"] == "up" and node["last_seen"] is not None
+
+
+def test_channel_rejects_bad_credentials_and_messages(client: TestClient) -> None:
+    with (
+        pytest.raises(WebSocketDisconnect) as closed,
+        client.websocket_connect("/api/v1/agent/channel", headers={"Authorization": "Bearer gfn_bad"}) as ws,
+    ):
+        ws.receive_text()
+    assert closed.value.code == CLOSE_UNAUTHORIZED
+    admin = client.headers["authorization"]
+    with (
+        pytest.raises(WebSocketDisconnect) as closed,
+        client.websocket_connect("/api/v1/agent/channel", headers={"Authorization": admin}) as ws,
+    ):
+        ws.receive_text()
+    assert closed.value.code == CLOSE_UNAUTHORIZED  # an admin token is not a node
+
+    credential = _credential(client, "n1")
+    for first in ('{"type": "heartbeat", "seq": 1}', '{"type": "hello"}', "garbage", '{"type": "x"}'):
+        with (
+            pytest.raises(WebSocketDisconnect) as closed,
+            client.websocket_connect("/api/v1/agent/channel", headers={"Authorization": f"Bearer {credential}"}) as ws,
+        ):
+            ws.send_text(first)
+            ws.receive_text()
+        assert closed.value.code == CLOSE_BAD_MESSAGE, first
+    assert client.get("/api/v1/nodes/n1").json()["state"] == "new"  # nothing was stored
+
+
+def test_removing_a_node_closes_its_channel(client: TestClient) -> None:
+    credential = _credential(client, "n1")
+    with client.websocket_connect("/api/v1/agent/channel", headers={"Authorization": f"Bearer {credential}"}) as ws:
+        ws.send_text(json.dumps({"type": "hello", "heartbeat_interval_s": 1.0}))
+        ws.receive_json()
+        assert client.delete("/api/v1/nodes", params={"names": "n1"}).status_code == 200
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_text()
+        assert closed.value.code == CLOSE_NODE_GONE

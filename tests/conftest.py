@@ -1,0 +1,102 @@
+"""Shared fixtures: a migrated database on SQLite and on PostgreSQL, a fake clock, service gating.
+
+PostgreSQL is started once per test run (scripts/services/postgres.sh, under a file lock so that
+xdist workers share it); each worker gets its own database. Where PostgreSQL is not installed the
+tests skip with the reason, unless GPUFLEET_REQUIRE_SERVICES=1 (CI), which turns that skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpufleet.core.clock import FakeClock
+from gpufleet.core.db import make_engine, make_session_factory
+from gpufleet.migrations import upgrade
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def need(service: str, reason: str) -> None:
+    """Skip (or, in CI, fail) a test whose system service is unavailable, saying why."""
+    message = f"{service} unavailable: {reason}"
+    if os.environ.get("GPUFLEET_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{message} (GPUFLEET_REQUIRE_SERVICES=1 makes this a failure)")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The DSN of a PostgreSQL server: $GPUFLEET_TEST_PG_DSN, or a throwaway one this run starts."""
+    explicit = os.environ.get("GPUFLEET_TEST_PG_DSN")
+    if explicit:
+        return explicit
+    lock = FileLock(str(Path("/tmp") / "gpufleet-test-postgres.lock"))
+    with lock:
+        result = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "services" / "postgres.sh"), "start"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    if result.returncode != 0:
+        need(
+            "PostgreSQL", (result.stderr or result.stdout).strip().splitlines()[-1] if result.stderr else "start failed"
+        )
+    return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def postgres_admin(postgres_server: str) -> Iterator[Engine]:
+    engine = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str, postgres_admin: Engine) -> Iterator[str]:
+    """A fresh, empty database on the test server, dropped afterwards."""
+    name = f"gf_{uuid.uuid4().hex[:12]}"
+    with postgres_admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    base = postgres_server.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with postgres_admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each database test runs on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'gpufleet.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    engine = make_engine(db_url)
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> sessionmaker[Session]:
+    return make_session_factory(engine)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()

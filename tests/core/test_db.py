@@ -1,0 +1,45 @@
+"""Database plumbing on both backends: migrations match the models, the lease is exclusive."""
+
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpufleet.core.clock import FakeClock
+from gpufleet.core.db import transaction
+from gpufleet.core.leases import holder_of, release, try_acquire
+from gpufleet.migrations import metadata, upgrade
+
+
+def test_migrations_match_the_models(engine: Engine) -> None:
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata())
+    assert diff == []
+
+
+def test_upgrade_is_idempotent(engine: Engine) -> None:
+    upgrade(engine)  # a second start of the head must not fail
+
+
+def test_lease_is_exclusive_until_it_expires(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+    with transaction(sessions) as s:
+        assert try_acquire(s, "leader", "a", clock.now(), ttl_s=5)
+    with transaction(sessions) as s:
+        assert not try_acquire(s, "leader", "b", clock.now(), ttl_s=5)
+        assert try_acquire(s, "leader", "a", clock.now(), ttl_s=5)  # renewal
+    clock.advance(4)
+    with transaction(sessions) as s:
+        assert not try_acquire(s, "leader", "b", clock.now(), ttl_s=5)
+    clock.advance(2)  # a's renewal at t=0 expired at t=5
+    with transaction(sessions) as s:
+        assert holder_of(s, "leader", clock.now()) is None
+        assert try_acquire(s, "leader", "b", clock.now(), ttl_s=5)
+        assert holder_of(s, "leader", clock.now()) == "b"
+
+
+def test_released_lease_is_free_at_once(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+    with transaction(sessions) as s:
+        assert try_acquire(s, "leader", "a", clock.now(), ttl_s=60)
+        release(s, "leader", "a")
+    with transaction(sessions) as s:
+        assert try_acquire(s, "leader", "b", clock.now(), ttl_s=60)
