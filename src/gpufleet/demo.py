@@ -51,7 +51,9 @@ def _point_cli_at(url: str, token: str) -> str:
 
 def run_demo(cli: CliState, data_dir: Path, listen: str, nodes: int, gpus_per_node: int) -> None:
     token = _admin_token(data_dir)
-    settings = cli.settings(data_dir=data_dir, listen=listen, bootstrap_token=token, database_url=None)
+    # The demo always runs on its own SQLite file, whatever GPUFLEET_DATABASE_URL or a config file says.
+    database_url = f"sqlite:///{data_dir / 'gpufleet.db'}"
+    settings = cli.settings(data_dir=data_dir, listen=listen, bootstrap_token=token, database_url=database_url)
     host, port = settings.listen_host_port()
     url = f"http://{host}:{port}"
     server, _ = prepare(settings)

@@ -17,9 +17,10 @@ import typer
 
 from gpufleet.cli.app import app
 from gpufleet.cli.state import state
-from gpufleet.core.errors import GpufleetError
+from gpufleet.core.errors import GpufleetError, InvalidInput
+from gpufleet.protocol.messages import check_node_name
 
-ServerOpt = Annotated[str | None, typer.Option("--server", help="head node URL [env GPUFLEET_SERVER]")]
+ServerOpt = Annotated[str | None, typer.Option("--server", help="head node URL (env GPUFLEET_SERVER)")]
 JoinOpt = Annotated[str | None, typer.Option("--join-token", envvar="GPUFLEET_JOIN_TOKEN", help="join token")]
 IntervalOpt = Annotated[
     float | None,
@@ -34,8 +35,8 @@ def _logging(level: str) -> None:
 @app.command("server")
 def server(
     ctx: typer.Context,
-    data_dir: Annotated[Path | None, typer.Option(help="state directory [env GPUFLEET_DATA_DIR]")] = None,
-    listen: Annotated[str | None, typer.Option(help="HOST:PORT [env GPUFLEET_LISTEN]")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="state directory (env GPUFLEET_DATA_DIR)")] = None,
+    listen: Annotated[str | None, typer.Option(help="HOST:PORT (env GPUFLEET_LISTEN)")] = None,
 ) -> None:
     """Run the head node: API, agent channels, liveness."""
     settings = state(ctx).settings(data_dir=data_dir, listen=listen)
@@ -60,6 +61,10 @@ def agent(
     from gpufleet.agent.main import run_agent
 
     node = name or socket.gethostname().split(".")[0]
+    try:
+        check_node_name(node)
+    except ValueError as exc:
+        raise InvalidInput(f"{exc}; pass --name") from None
     run_agent(settings, node, join_token, heartbeat_interval)
 
 

@@ -36,11 +36,13 @@ def test_node_lifecycle(client: TestClient) -> None:
         ("gpu003", "new", 0),
     ]
     dup = client.post("/api/v1/nodes", json={"names": ["gpu003"]})
-    assert dup.status_code == 409 and "gpu003" in dup.json()["detail"]
+    assert dup.status_code == 409
+    assert "gpu003" in dup.json()["detail"]
     bad = client.post("/api/v1/nodes", json={"names": ["gpu[1-"]})
     assert bad.status_code == 422
     cloned = client.post("/api/v1/nodes/gpu001/clone", json={"names": ["gpu004"]})
-    assert cloned.status_code == 201 and cloned.json()[0]["category"] == "h200"
+    assert cloned.status_code == 201
+    assert cloned.json()[0]["category"] == "h200"
     assert client.get("/api/v1/nodes/nope").status_code == 404
     assert client.delete("/api/v1/nodes", params={"names": "gpu[001-002],nope"}).status_code == 404
     assert client.delete("/api/v1/nodes", params={"names": "gpu[001-002]"}).json() == ["gpu001", "gpu002"]
@@ -53,7 +55,8 @@ def test_join_token_single_use_and_unknown(client: TestClient) -> None:
     headers = {"Authorization": f"Bearer {join}"}
     assert client.post("/api/v1/agent/join", json={"name": "n1"}, headers=headers).status_code == 200
     reused = client.post("/api/v1/agent/join", json={"name": "n2"}, headers=headers)
-    assert reused.status_code == 401 and "already used" in reused.json()["detail"]
+    assert reused.status_code == 401
+    assert "already used" in reused.json()["detail"]
     unknown = client.post("/api/v1/agent/join", json={"name": "n3"}, headers={"Authorization": "Bearer gfj_x"})
     assert unknown.status_code == 401
     assert [n["name"] for n in client.get("/api/v1/nodes").json()] == ["n1"]
@@ -63,7 +66,8 @@ def test_join_token_expiry_is_enforced(client: TestClient) -> None:
     join = client.post("/api/v1/tokens/join", json={"expires_in_s": 60}).json()["token"]
     client.app.state.ctx.clock.advance(61)  # type: ignore[attr-defined]
     expired = client.post("/api/v1/agent/join", json={"name": "n1"}, headers={"Authorization": f"Bearer {join}"})
-    assert expired.status_code == 401 and "expired" in expired.json()["detail"]
+    assert expired.status_code == 401
+    assert "expired" in expired.json()["detail"]
 
 
 def test_node_credential_acts_only_as_its_node(client: TestClient) -> None:
@@ -80,7 +84,8 @@ def test_node_credential_acts_only_as_its_node(client: TestClient) -> None:
     put = client.put("/api/v1/agent/inventory", content=inventory.model_dump_json(), headers=headers)
     assert put.status_code == 204
     node = client.get("/api/v1/nodes/n1").json()
-    assert node["gpu_count"] == 1 and node["hostname"] == "other-name-in-body"
+    assert node["gpu_count"] == 1
+    assert node["hostname"] == "other-name-in-body"
 
 
 @pytest.mark.parametrize(
@@ -100,14 +105,16 @@ def test_bad_inventory_is_rejected_and_stores_nothing(
     assert response.status_code == status
     assert reason in response.json()["detail"]
     node = client.get("/api/v1/nodes/n1").json()
-    assert node["hostname"] is None and node["gpus"] == []
+    assert node["hostname"] is None
+    assert node["gpus"] == []
 
 
 def test_status_page_requires_login(client: TestClient) -> None:
     client.post("/api/v1/nodes", json={"names": ["gpu[001-002]"]})
     anonymous = TestClient(client.app)
     page = anonymous.get("/", follow_redirects=False)
-    assert page.status_code == 303 and page.headers["location"] == "/login"
+    assert page.status_code == 303
+    assert page.headers["location"] == "/login"
     assert anonymous.post("/login", data={"token": "wrong"}).status_code == 401
     token = client.headers["authorization"].split()[1]
     logged_in = anonymous.post("/login", data={"token": token}, follow_redirects=False)
@@ -115,4 +122,6 @@ def test_status_page_requires_login(client: TestClient) -> None:
     assert "httponly" in logged_in.headers["set-cookie"].lower()
     page = anonymous.get("/")
     assert page.status_code == 200
-    assert "gpu001" in page.text and "gpu002" in page.text and "2 nodes" in page.text
+    assert "gpu001" in page.text
+    assert "gpu002" in page.text
+    assert "2 nodes" in page.text

@@ -35,7 +35,8 @@ def test_heartbeats_are_acked_only_after_they_are_durable(client: TestClient) ->
         assert [(c.name, c.to_state) for c in changes] == [("n1", NodeState.UP)]
         assert ws.receive_json() == {"type": "ack", "seq": 7}
         node = client.get("/api/v1/nodes/n1").json()
-        assert node["state"] == "up" and node["last_seen"] is not None
+        assert node["state"] == "up"
+        assert node["last_seen"] is not None
 
 
 def test_channel_rejects_bad_credentials_and_messages(client: TestClient) -> None:

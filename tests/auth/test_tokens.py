@@ -13,7 +13,8 @@ from gpufleet.inventory.schemas import NodeSettings
 def test_first_start_creates_one_admin_token_stored_hashed(sessions: sessionmaker[Session], clock: FakeClock) -> None:
     with transaction(sessions) as s:
         token = auth.ensure_admin_token(s, clock, None)
-    assert token is not None and token.startswith("gfa_")
+    assert token is not None
+    assert token.startswith("gfa_")
     with transaction(sessions) as s:
         assert auth.ensure_admin_token(s, clock, None) is None  # second start: nothing new
         rows = s.query(ApiToken).all()
@@ -70,6 +71,7 @@ def test_new_node_credential_revokes_the_old(sessions: sessionmaker[Session], cl
         second = auth.issue_node_credential(s, clock, node.id, node.name)
     with transaction(sessions) as s:
         who = auth.authenticate(s, clock, second)
-        assert who.kind is TokenKind.NODE and who.node_id == node.id
+        assert who.kind is TokenKind.NODE
+        assert who.node_id == node.id
     with pytest.raises(Unauthorized, match="revoked"), transaction(sessions) as s:
         auth.authenticate(s, clock, first)

@@ -17,7 +17,7 @@ def test_hostlist_rejects_malformed(bad: str) -> None:
 
 
 def test_hostlist_caps_huge_expansions() -> None:
-    with pytest.raises(InvalidInput, match="too large|more than"):
+    with pytest.raises(InvalidInput, match=r"too large|more than"):
         hostlist.expand(["n[0-999999]"])
 
 

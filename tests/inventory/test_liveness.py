@@ -17,11 +17,18 @@ def _setup(sessions: sessionmaker[Session], clock: FakeClock, count: int) -> dic
         return {n.name: n.id for n in inventory.add_nodes(s, clock, [f"n[1-{count}]"], NodeSettings())}
 
 
+def _setup_more(sessions: sessionmaker[Session], clock: FakeClock, names: list[str]) -> dict[str, int]:
+    with transaction(sessions) as s:
+        return {n.name: n.id for n in inventory.add_nodes(s, clock, names, NodeSettings())}
+
+
 def _sweep(
-    sessions: sessionmaker[Session], clock: FakeClock, book: HeartbeatBook, not_before: float = 0.0
+    sessions: sessionmaker[Session], clock: FakeClock, book: HeartbeatBook, leader_since: float = 0.0
 ) -> list[str]:
     with transaction(sessions) as s:
-        changes = sweep(s, clock, book, down_after_intervals=DEADLINE, default_interval_s=1.0, not_before=not_before)
+        changes = sweep(
+            s, clock, book, down_after_intervals=DEADLINE, default_interval_s=1.0, leader_since=leader_since, grace_s=10
+        )
     return [c.name for c in changes if c.to_state is NodeState.DOWN]
 
 
@@ -83,12 +90,17 @@ def test_new_leader_judges_only_after_grace(sessions: sessionmaker[Session], clo
     _flush(sessions, clock, book)
     clock.advance(60)  # the head was down for a minute
     fresh = HeartbeatBook()  # a restarted head has an empty book
-    grace_ends = clock.now() + 10
-    assert _sweep(sessions, clock, fresh, not_before=grace_ends) == []
-    clock.advance(10 + DEADLINE - 0.1)
-    assert _sweep(sessions, clock, fresh, not_before=grace_ends) == []
-    clock.advance(0.2)
-    assert _sweep(sessions, clock, fresh, not_before=grace_ends) == ["n1"]
+    leader_since = clock.now()
+    ids2 = _setup_more(sessions, clock, ["n2"])
+    assert _sweep(sessions, clock, fresh, leader_since) == []
+    fresh.record(ids2["n2"], clock.now(), 1.0, 0)  # n2 reconnects at once; n1 never does
+    _flush(sessions, clock, fresh)
+    clock.advance(DEADLINE + 0.1)
+    assert _sweep(sessions, clock, fresh, leader_since) == ["n2"]  # heard since: judged normally
+    clock.advance(10 - DEADLINE - 0.2)
+    assert _sweep(sessions, clock, fresh, leader_since) == []
+    clock.advance(DEADLINE + 0.2)
+    assert _sweep(sessions, clock, fresh, leader_since) == ["n1"]
 
 
 def test_flushed_receipts_let_another_replica_judge(sessions: sessionmaker[Session], clock: FakeClock) -> None:

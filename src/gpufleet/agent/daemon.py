@@ -19,6 +19,7 @@ from gpufleet.core.errors import GpufleetError, Unauthorized, Unavailable
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.messages import (
     CLOSE_NODE_GONE,
+    CLOSE_REPLACED,
     CLOSE_UNAUTHORIZED,
     MAX_CHANNEL_MESSAGE_BYTES,
     Ack,
@@ -29,7 +30,6 @@ from gpufleet.protocol.messages import (
 )
 
 log = logging.getLogger(__name__)
-CLOSE_REPLACED = 4409
 
 
 class AgentStopped(GpufleetError):

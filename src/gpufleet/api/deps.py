@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -26,13 +26,11 @@ def context(request: Request) -> HeadContext:
 Ctx = Annotated[HeadContext, Depends(context)]
 
 
-def db_session(ctx: Ctx) -> Iterator[Session]:
-    """One transaction per request, committed before the response is sent (scope='function')."""
-    with transaction(ctx.sessions) as session:
-        yield session
-
-
-Db = Annotated[Session, Depends(db_session, scope="function")]
+def tx(ctx: HeadContext) -> AbstractContextManager[Session]:
+    """The route's unit of work. Routes open it in their own body, not as a `yield` dependency: a
+    dependency's commit runs in another worker thread, and with every worker busy waiting for the
+    SQLite write lock, the holder could never get one to commit and release it."""
+    return transaction(ctx.sessions)
 
 
 def bearer_token(authorization: str | None) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from starlette.websockets import WebSocket
 
 from gpufleet.inventory.liveness import Receipt
-from gpufleet.protocol.messages import Ack
+from gpufleet.protocol.messages import CLOSE_REPLACED, Ack
 
 OUTBOX_LIMIT = 64
 
@@ -30,8 +30,10 @@ class Channel:
             self.outbox.put_nowait(text)
 
     def close(self, code: int, reason: str) -> None:
-        with contextlib.suppress(asyncio.QueueFull):
-            self.outbox.put_nowait((code, reason))
+        # A close must never be dropped: make room by discarding pending acks, which no longer matter.
+        while self.outbox.full():
+            self.outbox.get_nowait()
+        self.outbox.put_nowait((code, reason))
 
     async def write_forever(self) -> None:
         while True:
@@ -58,7 +60,7 @@ class ChannelHub:
     def register(self, channel: Channel) -> None:
         old = self._channels.get(channel.node_id)
         if old is not None:
-            old.close(4409, "replaced by a newer connection of the same node")
+            old.close(CLOSE_REPLACED, "replaced by a newer connection of the same node")
         self._channels[channel.node_id] = channel
 
     def unregister(self, channel: Channel) -> None:

@@ -34,7 +34,7 @@ def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
         app,
         host=host,
         port=port,
-        ws="websockets",
+        ws="websockets-sansio",
         ws_max_size=MAX_CHANNEL_MESSAGE_BYTES,
         ws_per_message_deflate=False,  # heartbeats are tiny; compression only costs CPU
         log_level=settings.log_level.lower(),

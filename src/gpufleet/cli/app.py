@@ -29,9 +29,9 @@ def _version(value: bool) -> None:
 @app.callback()
 def root(
     ctx: typer.Context,
-    server: Annotated[str | None, typer.Option(help="head node URL [env GPUFLEET_SERVER]")] = None,
-    token: Annotated[str | None, typer.Option(help="API token [env GPUFLEET_TOKEN]")] = None,
-    config_file: Annotated[Path | None, typer.Option("--config", help="TOML config file [env GPUFLEET_CONFIG]")] = None,
+    server: Annotated[str | None, typer.Option(help="head node URL (env GPUFLEET_SERVER)")] = None,
+    token: Annotated[str | None, typer.Option(help="API token (env GPUFLEET_TOKEN)")] = None,
+    config_file: Annotated[Path | None, typer.Option("--config", help="TOML config file (env GPUFLEET_CONFIG)")] = None,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True)] = False,
 ) -> None:
     ctx.obj = CliState(config_file=config_file, overrides={"server": server, "token": token})

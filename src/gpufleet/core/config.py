@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     bootstrap_token: SecretStr | None = Field(
         None, description="admin token to install on start instead of generating one (automation)"
     )
-    heartbeat_interval_s: float = Field(1.0, gt=0.05, le=3600, description="heartbeat period agents are told")
+    heartbeat_interval_s: float = Field(1.0, ge=0.05, le=3600, description="heartbeat period agents are told")
     down_after_intervals: float = Field(
         2.5, gt=1.0, le=100, description="missed heartbeat intervals before a node is down"
     )
@@ -67,6 +67,13 @@ class Settings(BaseSettings):
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:8080")
         return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_log_level(cls, value: str) -> str:
+        if value.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return value.upper()
 
     @field_validator("server")
     @classmethod
@@ -147,7 +154,7 @@ def load_settings(config_file: Path | None = None, client_file: Path | None = No
         config_file = Path(env_file) if env_file else None
         if config_file is None and DEFAULT_CONFIG_FILE.exists():
             config_file = DEFAULT_CONFIG_FILE
-    elif not config_file.exists():
+    if config_file is not None and not config_file.exists():
         raise ConfigError(f"config file {config_file} does not exist")
     client_file = client_file or default_client_file()
     data: dict[str, Any] = {}

@@ -52,13 +52,22 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # WAL lets the API read while the flush loop writes; busy_timeout waits out short write locks
-    # instead of failing; foreign keys are off by default in SQLite.
+    # instead of failing; foreign keys are off by default in SQLite. The driver's own transaction
+    # handling is switched off so that `_sqlite_begin` decides how transactions start.
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=10000")
     cursor.close()
+
+
+def _sqlite_begin(conn: Any) -> None:
+    # A deferred transaction that reads and then writes fails at once with "database is locked"
+    # when another writer got in between (busy_timeout cannot help there). Taking the write lock
+    # up front makes concurrent writers queue on busy_timeout instead. SQLite has one writer anyway.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_engine(url: str) -> Engine:
@@ -73,8 +82,9 @@ def make_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(parsed, connect_args={"check_same_thread": False})
+        engine = create_engine(parsed, connect_args={"check_same_thread": False}, pool_size=20, max_overflow=20)
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "begin", _sqlite_begin)
         return engine
     if parsed.get_backend_name() != "postgresql":
         raise ConfigError(f"unsupported database {parsed.get_backend_name()!r}: use sqlite or postgresql+psycopg")

@@ -99,12 +99,14 @@ def sweep(
     *,
     down_after_intervals: float,
     default_interval_s: float,
-    not_before: float,
+    leader_since: float,
+    grace_s: float,
 ) -> list[Change]:
     """Mark `up` nodes down whose newest heartbeat is older than their deadline.
 
-    `not_before` is when this replica became leader: no node is judged on silence from before it,
-    so a new leader (or a restarted head) gives every node time to reconnect first.
+    A node last heard before this replica became leader (`leader_since`) is judged as if heard at
+    `leader_since + grace_s`: a restarted head, or a new leader after a failover, first gives every
+    node time to reconnect. A node heard since is judged on its own heartbeats at once.
     """
     now = clock.now()
     changes: list[Change] = []
@@ -113,11 +115,9 @@ def sweep(
     )
     for node_id, name, last_seen, interval in rows:
         mine = book.latest.get(node_id)
-        newest = max(
-            last_seen.timestamp() if last_seen is not None else 0.0,
-            mine.at if mine is not None else 0.0,
-            not_before,
-        )
+        newest = max(last_seen.timestamp() if last_seen is not None else 0.0, mine.at if mine is not None else 0.0)
+        if newest < leader_since:
+            newest = max(newest, leader_since + grace_s)
         period = (mine.interval_s if mine is not None else interval) or default_interval_s
         silent = now - newest
         if silent > period * down_after_intervals:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.core import hostlist
@@ -144,9 +144,12 @@ def transition(session: Session, clock: Clock, node_id: int, src: NodeState, dst
     return True
 
 
-def gpu_counts(session: Session) -> dict[int, tuple[int, str | None]]:
-    rows = session.execute(select(Gpu.node_id, func.count(), func.min(Gpu.model)).group_by(Gpu.node_id))
-    return {node_id: (count, model) for node_id, count, model in rows}
+def channel_identity(session: Session, node_id: int) -> tuple[str, str | None]:
+    """The name and inventory fingerprint of the node opening a channel. Raises NotFound if it is gone."""
+    row = session.execute(select(Node.name, Node.inventory_fingerprint).where(Node.id == node_id)).one_or_none()
+    if row is None:
+        raise NotFound("node no longer exists")
+    return row[0], row[1]
 
 
 def to_out(node: Node) -> NodeOut:

@@ -8,6 +8,7 @@ head restart. Malformed messages close the channel with a 4xxx code that carries
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
@@ -20,9 +21,20 @@ NodeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]
 CLOSE_BAD_MESSAGE = 4400
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_NODE_GONE = 4404
+CLOSE_REPLACED = 4409  # another connection of the same node took over
 CLOSE_TOO_LARGE = 4413
 MAX_CHANNEL_MESSAGE_BYTES = 64 * 1024
 MAX_INVENTORY_BYTES = 256 * 1024
+
+
+NODE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def check_node_name(name: str) -> str:
+    """Raise ValueError with the rule if `name` cannot be a node name."""
+    if not NODE_NAME_PATTERN.match(name):
+        raise ValueError(f"invalid node name {name!r}: use letters, digits, '.', '_' and '-' (at most 63)")
+    return name
 
 
 class JoinRequest(BaseModel):

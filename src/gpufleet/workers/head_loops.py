@@ -43,6 +43,7 @@ class HeadLoops:
     on_durable: OnDurable = lambda _receipts: None
     on_change: Callable[[Change], None] = lambda _change: None
     leader_since: float | None = None
+    lease_valid_until: float = 0.0
 
     @property
     def is_leader(self) -> bool:
@@ -63,18 +64,30 @@ class HeadLoops:
         return changes
 
     def lead_once(self) -> bool:
-        with transaction(self.sessions) as session:
-            held = try_acquire(session, LEADER_LEASE, self.holder, self.clock.now(), self.settings.lease_ttl_s)
+        attempt_at = self.clock.now()
+        try:
+            with transaction(self.sessions) as session:
+                held = try_acquire(session, LEADER_LEASE, self.holder, attempt_at, self.settings.lease_ttl_s)
+        except Exception:
+            held = False  # cannot renew: behave as a follower until the database answers again
+            self._set_leader(held)
+            raise
+        if held:
+            # The lease is ours until this attempt's start plus the TTL; sweep only inside that.
+            self.lease_valid_until = attempt_at + self.settings.lease_ttl_s
+        self._set_leader(held)
+        return held
+
+    def _set_leader(self, held: bool) -> None:
         if held and self.leader_since is None:
             self.leader_since = self.clock.now()
             log.info("this replica (%s) is now the leader", self.holder)
         elif not held and self.leader_since is not None:
             self.leader_since = None
             log.warning("this replica (%s) lost the leadership lease", self.holder)
-        return held
 
     def sweep_once(self) -> list[Change]:
-        if self.leader_since is None:
+        if self.leader_since is None or self.clock.now() >= self.lease_valid_until:
             return []
         with transaction(self.sessions) as session:
             return sweep(
@@ -83,7 +96,8 @@ class HeadLoops:
                 self.book,
                 down_after_intervals=self.settings.down_after_intervals,
                 default_interval_s=self.settings.heartbeat_interval_s,
-                not_before=self.leader_since + self.settings.leader_grace_s,
+                leader_since=self.leader_since,
+                grace_s=self.settings.leader_grace_s,
             )
 
     def resign(self) -> None:

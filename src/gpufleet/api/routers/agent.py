@@ -8,14 +8,13 @@ import logging
 
 from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
-from sqlalchemy import select
 
-from gpufleet.api.deps import Ctx, Db, NodeCaller, bearer_token
+from gpufleet.api.deps import Ctx, NodeCaller, bearer_token, tx
 from gpufleet.api.hub import Channel
 from gpufleet.auth import service as auth
 from gpufleet.auth.models import TokenKind
 from gpufleet.core.db import transaction
-from gpufleet.core.errors import GpufleetError, InvalidInput, PayloadTooLarge, Unauthorized
+from gpufleet.core.errors import GpufleetError, InvalidInput, NotFound, PayloadTooLarge, Unauthorized
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
 from gpufleet.protocol.inventory import NodeInventory
@@ -39,13 +38,15 @@ HELLO_TIMEOUT_S = 10.0
 
 
 @router.post("/join")
-def join(body: JoinRequest, request: Request, db: Db, ctx: Ctx) -> JoinResponse:
+def join(body: JoinRequest, request: Request, ctx: Ctx) -> JoinResponse:
     """Trade a join token for this node's own credential. The token's use is spent only if all succeeds."""
-    auth.consume_join_token(db, ctx.clock, bearer_token(request.headers.get("authorization")))
-    node = inventory.join(db, ctx.clock, body.name)
-    if body.inventory is not None:
-        inventory.apply_inventory(db, ctx.clock, node, body.inventory)
-    credential = auth.issue_node_credential(db, ctx.clock, node.id, node.name)
+    token = bearer_token(request.headers.get("authorization"))
+    with tx(ctx) as db:
+        auth.consume_join_token(db, ctx.clock, token)
+        node = inventory.join(db, ctx.clock, body.name)
+        if body.inventory is not None:
+            inventory.apply_inventory(db, ctx.clock, node, body.inventory)
+        credential = auth.issue_node_credential(db, ctx.clock, node.id, node.name)
     return JoinResponse(
         node_id=node.id,
         name=node.name,
@@ -80,10 +81,11 @@ def _open(ctx: Ctx, token: str) -> tuple[int, str, str | None]:
         who = auth.authenticate(session, ctx.clock, token)
         if who.kind is not TokenKind.NODE or who.node_id is None:
             raise Unauthorized("the agent channel needs a node credential")
-        row = session.execute(select(Node.name, Node.inventory_fingerprint).where(Node.id == who.node_id)).one_or_none()
-        if row is None:
-            raise Unauthorized("node no longer exists")
-        return who.node_id, row[0], row[1]
+        try:
+            name, fingerprint = inventory.channel_identity(session, who.node_id)
+        except NotFound:
+            raise Unauthorized("node no longer exists") from None
+        return who.node_id, name, fingerprint
 
 
 @router.websocket("/channel")

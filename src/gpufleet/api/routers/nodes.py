@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from gpufleet.api.deps import Admin, Ctx, Db
+from gpufleet.api.deps import Admin, Ctx, tx
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.schemas import NodeClone, NodeDetail, NodeOut, NodesCreate, NodeSettings
 from gpufleet.protocol.messages import CLOSE_NODE_GONE
@@ -17,37 +17,40 @@ router = APIRouter(prefix="/nodes", tags=["nodes"])
 @router.get("")
 def list_nodes(
     _: Admin,
-    db: Db,
+    ctx: Ctx,
     names: Annotated[str | None, Query(description="hostlist filter, e.g. gpu[001-004]")] = None,
 ) -> list[NodeOut]:
-    return [inventory.to_out(n) for n in inventory.list_nodes(db, [names] if names else None)]
+    with tx(ctx) as db:
+        return [inventory.to_out(n) for n in inventory.list_nodes(db, [names] if names else None)]
 
 
 @router.post("", status_code=201)
-def add_nodes(body: NodesCreate, _: Admin, db: Db, ctx: Ctx) -> list[NodeOut]:
+def add_nodes(body: NodesCreate, _: Admin, ctx: Ctx) -> list[NodeOut]:
     settings = NodeSettings(category=body.category, labels=body.labels)
-    return [inventory.to_out(n) for n in inventory.add_nodes(db, ctx.clock, body.names, settings)]
+    with tx(ctx) as db:
+        return [inventory.to_out(n) for n in inventory.add_nodes(db, ctx.clock, body.names, settings)]
 
 
 @router.delete("")
 def remove_nodes(
     _: Admin,
-    db: Db,
     ctx: Ctx,
     names: Annotated[str, Query(description="node names or a hostlist expression")],
 ) -> list[str]:
-    ids = [n.id for n in inventory.list_nodes(db, [names])]
-    removed = inventory.remove_nodes(db, [names])
-    db.flush()
+    with tx(ctx) as db:
+        ids = [n.id for n in inventory.list_nodes(db, [names])]
+        removed = inventory.remove_nodes(db, [names])
     ctx.hub.disconnect(ids, CLOSE_NODE_GONE, "node removed from gpufleet")
     return removed
 
 
 @router.get("/{name}")
-def show_node(name: str, _: Admin, db: Db) -> NodeDetail:
-    return inventory.to_detail(db, inventory.get_node(db, name))
+def show_node(name: str, _: Admin, ctx: Ctx) -> NodeDetail:
+    with tx(ctx) as db:
+        return inventory.to_detail(db, inventory.get_node(db, name))
 
 
 @router.post("/{name}/clone", status_code=201)
-def clone_node(name: str, body: NodeClone, _: Admin, db: Db, ctx: Ctx) -> list[NodeOut]:
-    return [inventory.to_out(n) for n in inventory.clone_node(db, ctx.clock, name, body.names)]
+def clone_node(name: str, body: NodeClone, _: Admin, ctx: Ctx) -> list[NodeOut]:
+    with tx(ctx) as db:
+        return [inventory.to_out(n) for n in inventory.clone_node(db, ctx.clock, name, body.names)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gpufleet.api.deps import Admin, Caller, Ctx, Db
+from gpufleet.api.deps import Admin, Caller, Ctx, tx
 from gpufleet.auth import service as auth
 from gpufleet.auth.schemas import JoinTokenCreate, JoinTokenCreated, Principal, TokenOut
 from gpufleet.core.clock import to_datetime
@@ -20,14 +20,17 @@ def whoami(caller: Caller) -> Principal:
 
 
 @router.post("/join", status_code=201)
-def create_join_token(body: JoinTokenCreate, _: Admin, db: Db, ctx: Ctx) -> JoinTokenCreated:
-    token, row = auth.create_join_token(db, ctx.clock, body.expires_in_s, body.uses)
+def create_join_token(body: JoinTokenCreate, _: Admin, ctx: Ctx) -> JoinTokenCreated:
+    with tx(ctx) as db:
+        token, row = auth.create_join_token(db, ctx.clock, body.expires_in_s, body.uses)
     expires_at = row.expires_at or to_datetime(ctx.clock.now() + body.expires_in_s)
     return JoinTokenCreated(token=token, id=row.id, expires_at=expires_at, uses=body.uses)
 
 
 @router.get("")
-def list_tokens(_: Admin, db: Db) -> list[TokenOut]:
+def list_tokens(_: Admin, ctx: Ctx) -> list[TokenOut]:
+    with tx(ctx) as db:
+        tokens = auth.list_tokens(db)
     return [
         TokenOut(
             id=t.id,
@@ -40,5 +43,5 @@ def list_tokens(_: Admin, db: Db) -> list[TokenOut]:
             uses=t.uses,
             max_uses=t.max_uses,
         )
-        for t in auth.list_tokens(db)
+        for t in tokens
     ]

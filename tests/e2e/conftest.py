@@ -1,0 +1,163 @@
+"""Real gpufleet processes over loopback: a head node, a simulator, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+GPUFLEET = [sys.executable, "-m", "gpufleet.entry"]
+ADMIN = "gfa_e2e-admin-token-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def base_env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    env["GPUFLEET_CLIENT_CONFIG"] = str(tmp / "client.toml")  # never read the developer's own login
+    env["GPUFLEET_LOG_LEVEL"] = "WARNING"
+    return env
+
+
+@dataclass
+class Head:
+    """One `gpufleet server` process."""
+
+    tmp: Path
+    database_url: str | None = None
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, wait: bool = True) -> Head:
+        env = base_env(self.tmp) | {"GPUFLEET_BOOTSTRAP_TOKEN": ADMIN}
+        if self.database_url:
+            env["GPUFLEET_DATABASE_URL"] = self.database_url
+        log = (self.tmp / f"server-{self.port}.log").open("ab")
+        self.proc = subprocess.Popen(
+            [*GPUFLEET, "server", "--data-dir", str(self.tmp / "head"), "--listen", f"127.0.0.1:{self.port}"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        if wait:
+            self.wait_healthy()
+        return self
+
+    def wait_healthy(self, timeout: float = 30) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited: {self.log()}")
+            try:
+                response = httpx.get(self.url + "/healthz", timeout=2)
+                if response.status_code == 200:
+                    result: dict[str, Any] = response.json()
+                    return result
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"server not healthy in {timeout}s: {self.log()}")
+
+    def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = httpx.get(self.url + "/healthz", timeout=5).json()
+        return result
+
+    def log(self) -> str:
+        return (self.tmp / f"server-{self.port}.log").read_text()[-3000:]
+
+    def api(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = httpx.request(
+            method, self.url + path, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30, **kwargs
+        )
+        response.raise_for_status()
+        return response.json()
+
+    def nodes(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.api("GET", "/api/v1/nodes")
+        return result
+
+    def join_token(self, uses: int) -> str:
+        token: str = self.api("POST", "/api/v1/tokens/join", json={"expires_in_s": 600, "uses": uses})["token"]
+        return token
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+
+def start_sim(tmp: Path, server: str, join_token: str, nodes: int, *extra: str) -> subprocess.Popen[bytes]:
+    log = (tmp / "sim.log").open("ab")
+    return subprocess.Popen(
+        [
+            *GPUFLEET,
+            "sim",
+            "--server",
+            server,
+            "--join-token",
+            join_token,
+            "--nodes",
+            str(nodes),
+            "--state-dir",
+            str(tmp / "sim"),
+            *extra,
+        ],
+        env=base_env(tmp),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def wait_for(predicate: Any, timeout: float, interval: float = 0.1) -> float:
+    """Poll until `predicate()` is true; returns the seconds it took. Fails the test on timeout."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def run_cli(
+    tmp: Path, *args: str, server: str | None = None, token: str | None = ADMIN
+) -> subprocess.CompletedProcess[str]:
+    prefix = [*GPUFLEET]
+    if server:
+        prefix += ["--server", server]
+    if token:
+        prefix += ["--token", token]
+    return subprocess.run([*prefix, *args], env=base_env(tmp), capture_output=True, text=True, timeout=60, check=False)
+
+
+def cli_json(tmp: Path, server: str, *args: str) -> Any:
+    result = run_cli(tmp, *args, "-o", "json", server=server)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def head(tmp_path: Path) -> Iterator[Head]:
+    h = Head(tmp_path).start()
+    yield h
+    h.kill(signal.SIGTERM)
