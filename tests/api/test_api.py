@@ -62,6 +62,21 @@ def test_join_token_single_use_and_unknown(client: TestClient) -> None:
     assert [n["name"] for n in client.get("/api/v1/nodes").json()] == ["n1"]
 
 
+def test_join_cannot_take_over_a_live_node(client: TestClient) -> None:
+    _join(client, "n1")
+    loops = client.app.state.ctx.loops  # type: ignore[attr-defined]
+    loops.book.record(1, loops.clock.now(), 1.0, 1)
+    loops.flush_once()
+    assert client.get("/api/v1/nodes/n1").json()["state"] == "up"
+    join = client.post("/api/v1/tokens/join", json={"expires_in_s": 600}).json()["token"]
+    taken = client.post("/api/v1/agent/join", json={"name": "n1"}, headers={"Authorization": f"Bearer {join}"})
+    assert taken.status_code == 409
+    assert "is up with another agent" in taken.json()["detail"]
+    # the failed join spent nothing: the token still works for another node
+    other = client.post("/api/v1/agent/join", json={"name": "n2"}, headers={"Authorization": f"Bearer {join}"})
+    assert other.status_code == 200
+
+
 def test_join_token_expiry_is_enforced(client: TestClient) -> None:
     join = client.post("/api/v1/tokens/join", json={"expires_in_s": 60}).json()["token"]
     client.app.state.ctx.clock.advance(61)  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ class Credential:
     node: str
     node_id: int
     token: str
+    heartbeat_interval_s: float | None = None  # what the head handed out at join
 
 
 class CredentialStore:
@@ -32,6 +33,7 @@ class CredentialStore:
                 node=str(data["node"]),
                 node_id=int(data["node_id"]),
                 token=str(data["token"]),
+                heartbeat_interval_s=float(data["heartbeat_interval_s"]) if data.get("heartbeat_interval_s") else None,
             )
         except FileNotFoundError:
             return None

@@ -78,13 +78,19 @@ class Agent:
         """The stored credential, or a new one bought with the join token. Raises Unauthorized if neither."""
         credential = self.store.load()
         if credential is not None and credential.node == self.options.name:
+            if self.options.heartbeat_interval_s is None and credential.heartbeat_interval_s:
+                self.interval_s = credential.heartbeat_interval_s
             return credential
         if not self.options.join_token:
             raise Unauthorized(f"node {self.options.name} has no credential yet: pass --join-token")
         inventory = await self._current_inventory()
         joined = await self.http.join(self.options.join_token, self.options.name, inventory)
         credential = Credential(
-            server=self.options.server, node=joined.name, node_id=joined.node_id, token=joined.credential
+            server=self.options.server,
+            node=joined.name,
+            node_id=joined.node_id,
+            token=joined.credential,
+            heartbeat_interval_s=joined.heartbeat_interval_s,
         )
         self.store.save(credential)
         if self.options.heartbeat_interval_s is None:

@@ -96,9 +96,15 @@ def clone_node(session: Session, clock: Clock, source: str, expressions: list[st
 
 
 def join(session: Session, clock: Clock, name: str) -> Node:
-    """The node an agent joins as: the pre-registered one, or a new one in state `new`."""
+    """The node an agent joins as: the pre-registered one, or a new one in state `new`.
+
+    Raises Conflict if that node is `up`: a join token must not let anyone take over a live node's
+    identity. A reinstalled node re-joins once its old agent is gone (the node is `new` or `down`).
+    """
     node = session.scalar(select(Node).where(Node.name == name))
     if node is not None:
+        if node.state is NodeState.UP:
+            raise Conflict(f"node {name} is up with another agent; stop it or remove the node first")
         return node
     return add_nodes(session, clock, [name], NodeSettings())[0]
 
