@@ -82,6 +82,9 @@ class SimHealth:
     """What the monitor coroutine sees inside the simulator: event-loop lag and heartbeat gaps."""
 
     lag_samples: list[float] = field(default_factory=list)
+    # One row a second: wall time, then CPU cores used in that second by the head, this process and the
+    # rest of the machine, and this event loop's worst lag in it. Lets a slow detection be put in context.
+    series: list[tuple[float, float, float, float, float]] = field(default_factory=list)
     max_heartbeat_age_s: float = 0.0  # of live (not killed, not just restarted) nodes, sampled
     max_heartbeat_age_node: str = ""
 
@@ -199,14 +202,20 @@ def wait_for_leader(server: ServerProcess, client: HeadClient, timeout_s: float 
 
 
 # -- the simulator side ---------------------------------------------------------------------------
-async def monitor(sim: Simulation, state: ChurnState, health: SimHealth) -> None:
-    """Every 0.25 s: how late this event loop wakes up, and the oldest heartbeat of a live node."""
+async def monitor(sim: Simulation, state: ChurnState, health: SimHealth, head: psutil.Process) -> None:
+    """Every 0.25 s: how late this event loop wakes up and the oldest heartbeat of a live node; every 1 s, CPU."""
     loop = asyncio.get_running_loop()
+    me = psutil.Process()
     period = 0.25
+    tick = 0
+    last = (time.monotonic(), cpu_seconds(head), cpu_seconds(me), machine_busy_seconds())
+    second_lag = 0.0
     while True:
         expected = loop.time() + period
         await asyncio.sleep(period)
-        health.lag_samples.append(max(0.0, loop.time() - expected))
+        lag = max(0.0, loop.time() - expected)
+        health.lag_samples.append(lag)
+        second_lag = max(second_lag, lag)
         now = time.time()
         for name, agent in sim.agents.items():
             if name in state.down_now or agent.last_heartbeat_at is None or not agent.connected:
@@ -217,6 +226,25 @@ async def monitor(sim: Simulation, state: ChurnState, health: SimHealth) -> None
             if age > health.max_heartbeat_age_s:
                 health.max_heartbeat_age_s = age
                 health.max_heartbeat_age_node = name
+        tick += 1
+        if tick % 4 == 0:
+            current = (time.monotonic(), cpu_seconds(head), cpu_seconds(me), machine_busy_seconds())
+            wall = current[0] - last[0]
+            head_c, me_c = (current[1] - last[1]) / wall, (current[2] - last[2]) / wall
+            other_c = max(0.0, (current[3] - last[3]) / wall - head_c - me_c)
+            health.series.append((now, head_c, me_c, other_c, second_lag))
+            last, second_lag = current, 0.0
+
+
+def context(health: SimHealth, start: float, end: float) -> dict[str, float]:
+    """The worst of each per-second figure between `start` and `end` (plus the second after)."""
+    rows = [r for r in health.series if start <= r[0] <= end + 1.0]
+    return {
+        "head_cores_max": max((r[1] for r in rows), default=0.0),
+        "sim_cores_max": max((r[2] for r in rows), default=0.0),
+        "other_cores_max": max((r[3] for r in rows), default=0.0),
+        "sim_loop_lag_max_s": max((r[4] for r in rows), default=0.0),
+    }
 
 
 async def wait_all_up(sim: Simulation, sim_task: asyncio.Task[None], client: HeadClient, timeout_s: float) -> int:
@@ -404,7 +432,7 @@ async def measure(
     print(
         f"measuring for {args.duration:.0f}s: {args.kill_batch} node(s) killed every {args.kill_every:g}s", flush=True
     )
-    monitor_task = asyncio.create_task(monitor(sim, state, health))
+    monitor_task = asyncio.create_task(monitor(sim, state, health, head))
     try:
         await churn(sim, args, window_start, window_end, state)
         await asyncio.sleep(max(0.0, window_end - time.time()))
@@ -428,6 +456,7 @@ async def measure(
         health=health,
         all_up_s=all_up_s,
         setup_s=window_start - server.started_at,
+        window_start=window_start,
         wall=wall,
         head_cpu=head_cpu1 - head_cpu0,
         sim_cpu=me_cpu1 - me_cpu0,
@@ -444,6 +473,7 @@ def figures(
     health: SimHealth,
     all_up_s: float,
     setup_s: float,
+    window_start: float,
     wall: float,
     head_cpu: float,
     sim_cpu: float,
@@ -456,6 +486,7 @@ def figures(
     recoveries = [k.up_again_at - k.restarted_at for k in kills if k.up_again_at and k.restarted_at]
     p99 = percentile(latencies, 99)
     missed = len(kills) - len(detected)
+    slowest = sorted(detected, key=lambda k: (k.down_at or 0.0) - k.last_heartbeat_at, reverse=True)[:5]
     return {
         "machine": {
             "platform": platform.platform(),
@@ -503,7 +534,21 @@ def figures(
             "p99_max_s": GOAL_P99_S,
             "met": p99 is not None and p99 <= GOAL_P99_S and not false_downs and missed == 0,
         },
+        "slowest_detections": [
+            {
+                "node": k.node,
+                "latency_s": (k.down_at or 0.0) - k.last_heartbeat_at,
+                "head_silence_s": k.head_silence_s,
+                "s_into_window": k.killed_at - window_start,
+                **context(health, k.last_heartbeat_at, k.down_at or k.last_heartbeat_at),
+            }
+            for k in slowest
+        ],
         "kill_log": [asdict(k) for k in kills],
+        "per_second": [
+            {"t": r[0] - window_start, "head_cores": r[1], "sim_cores": r[2], "other_cores": r[3], "sim_lag_s": r[4]}
+            for r in health.series
+        ],
     }
 
 
@@ -536,6 +581,12 @@ def report(fig: dict[str, Any]) -> str:
         f"  time to all up   {fig['time_to_all_up_s']:.1f}s (server start to measuring: {fig['setup_s']:.1f}s)",
         f"  goal             p99 <= {goal['p99_max_s']:g}s, 0 false downs, none missed:"
         f" {'MET' if goal['met'] else 'NOT MET'}",
+    ]
+    lines += [
+        f"  slow detection   {d['node']} {d['latency_s']:.3f}s at +{d['s_into_window']:.0f}s (head silence"
+        f" {d['head_silence_s']}s); that second: head {d['head_cores_max']:.2f}, sim {d['sim_cores_max']:.2f},"
+        f" others {d['other_cores_max']:.2f} cores, sim lag {d['sim_loop_lag_max_s']:.3f}s"
+        for d in fig["slowest_detections"][:3]
     ]
     lines += [f"  false down       {e['node']} at {e['at']}: {e['reason']}" for e in fig["false_down_examples"]]
     return "\n".join(lines)

@@ -5,7 +5,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.db import transaction
 from gpufleet.inventory import service as inventory
-from gpufleet.inventory.liveness import HeartbeatBook, flush, sweep
+from gpufleet.inventory.liveness import Deadlines, HeartbeatBook, flush, sweep
 from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.inventory.states import NodeState
 
@@ -26,9 +26,8 @@ def _sweep(
     sessions: sessionmaker[Session], clock: FakeClock, book: HeartbeatBook, leader_since: float = 0.0
 ) -> list[str]:
     with transaction(sessions) as s:
-        changes = sweep(
-            s, clock, book, down_after_intervals=DEADLINE, default_interval_s=1.0, leader_since=leader_since, grace_s=10
-        )
+        rules = Deadlines(down_after_intervals=DEADLINE, default_interval_s=1.0, leader_since=leader_since, grace_s=10)
+        changes = sweep(s, clock, book, rules)
     return [c.name for c in changes if c.to_state is NodeState.DOWN]
 
 

@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     down_after_intervals: float = Field(
         2.5, gt=1.0, le=100, description="missed heartbeat intervals before a node is down"
     )
-    sweep_interval_s: float = Field(0.2, gt=0, le=60, description="how often the leader looks for silent nodes")
+    sweep_interval_s: float = Field(0.1, gt=0, le=60, description="how often the leader looks for silent nodes")
     flush_interval_s: float = Field(0.25, gt=0, le=60, description="how often heartbeat receipts are made durable")
     lease_ttl_s: float = Field(5.0, gt=0.5, le=600, description="leadership lease; a dead leader is replaced after it")
     leader_grace_s: float = Field(

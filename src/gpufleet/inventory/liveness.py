@@ -4,6 +4,8 @@ One database write per heartbeat does not hold at 1,000 nodes a second, so each 
 receipt times in memory (`HeartbeatBook`) and writes them in one batched UPDATE per flush. The
 leader's sweep then compares each `up` node's newest receipt, from memory or from the database
 (another replica's flush), with that node's deadline: `down_after_intervals` of its own period.
+The leader keeps the `up` nodes' durable receipts in a view it reloads about once a second, so a
+sweep tick is a loop in memory; only overdue nodes are re-read and changed in the database.
 """
 
 from __future__ import annotations
@@ -92,36 +94,86 @@ def flush(session: Session, clock: Clock, receipts: dict[int, Receipt]) -> list[
     return changes
 
 
-def sweep(
+@dataclass(frozen=True)
+class Deadlines:
+    """How the sweep judges silence (see `sweep`)."""
+
+    down_after_intervals: float
+    default_interval_s: float
+    leader_since: float
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class UpNode:
+    name: str
+    last_seen: float  # the durable receipt, from any replica's flush (0 if none)
+    interval_s: float | None
+
+
+def load_up_nodes(session: Session, ids: list[int] | None = None) -> dict[int, UpNode]:
+    """The `up` nodes (all, or those of `ids`) with their durable last receipt: the leader's view."""
+    query = select(Node.id, Node.name, Node.last_seen, Node.heartbeat_interval_s).where(Node.state == NodeState.UP)
+    if ids is not None:
+        query = query.where(Node.id.in_(ids))
+    return {
+        node_id: UpNode(name, last_seen.timestamp() if last_seen is not None else 0.0, interval)
+        for node_id, name, last_seen, interval in session.execute(query)
+    }
+
+
+def _silence(node_id: int, node: UpNode, book: HeartbeatBook, now: float, rules: Deadlines) -> tuple[float, float]:
+    """(seconds silent, deadline) for one node. A node last heard before this replica became leader
+    counts as heard at `leader_since + grace_s`, so it first gets time to reconnect."""
+    mine = book.latest.get(node_id)
+    newest = max(node.last_seen, mine.at if mine is not None else 0.0)
+    if newest < rules.leader_since:
+        newest = max(newest, rules.leader_since + rules.grace_s)
+    period = (mine.interval_s if mine is not None else node.interval_s) or rules.default_interval_s
+    return now - newest, period * rules.down_after_intervals
+
+
+def overdue(view: dict[int, UpNode], book: HeartbeatBook, now: float, rules: Deadlines) -> list[int]:
+    """Nodes of the view silent past their deadline. Pure and cheap: the leader runs it every tick."""
+    return [
+        node_id
+        for node_id, node in view.items()
+        if (judged := _silence(node_id, node, book, now, rules))[0] > judged[1]
+    ]
+
+
+def mark_down(
     session: Session,
     clock: Clock,
     book: HeartbeatBook,
-    *,
-    down_after_intervals: float,
-    default_interval_s: float,
-    leader_since: float,
-    grace_s: float,
+    candidates: list[int],
+    rules: Deadlines,
+    view: dict[int, UpNode] | None = None,
 ) -> list[Change]:
-    """Mark `up` nodes down whose newest heartbeat is older than their deadline.
-
-    A node last heard before this replica became leader (`leader_since`) is judged as if heard at
-    `leader_since + grace_s`: a restarted head, or a new leader after a failover, first gives every
-    node time to reconnect. A node heard since is judged on its own heartbeats at once.
-    """
+    """Re-check candidates against fresh database rows (another replica may have heard them since the
+    view was loaded) and move those still silent to `down`. `view`, if given, is brought up to date."""
     now = clock.now()
     changes: list[Change] = []
-    rows = session.execute(
-        select(Node.id, Node.name, Node.last_seen, Node.heartbeat_interval_s).where(Node.state == NodeState.UP)
-    )
-    for node_id, name, last_seen, interval in rows:
-        mine = book.latest.get(node_id)
-        newest = max(last_seen.timestamp() if last_seen is not None else 0.0, mine.at if mine is not None else 0.0)
-        if newest < leader_since:
-            newest = max(newest, leader_since + grace_s)
-        period = (mine.interval_s if mine is not None else interval) or default_interval_s
-        silent = now - newest
-        if silent > period * down_after_intervals:
-            reason = f"no heartbeat for {silent:.1f}s (deadline {period * down_after_intervals:.1f}s)"
+    for start in range(0, len(candidates), 500):
+        chunk = candidates[start : start + 500]
+        fresh = load_up_nodes(session, chunk)
+        if view is not None:
+            for node_id in chunk:
+                view.pop(node_id, None)
+            view.update(fresh)
+        for node_id, node in fresh.items():
+            silent, deadline = _silence(node_id, node, book, now, rules)
+            if silent <= deadline:
+                continue
+            reason = f"no heartbeat for {silent:.1f}s (deadline {deadline:.1f}s)"
             if transition(session, clock, node_id, NodeState.UP, NodeState.DOWN, reason):
-                changes.append(Change(node_id, name, NodeState.DOWN, reason))
+                changes.append(Change(node_id, node.name, NodeState.DOWN, reason))
+                if view is not None:
+                    view.pop(node_id, None)
     return changes
+
+
+def sweep(session: Session, clock: Clock, book: HeartbeatBook, rules: Deadlines) -> list[Change]:
+    """One full pass: load the view, find the overdue nodes, mark them down."""
+    candidates = overdue(load_up_nodes(session), book, clock.now(), rules)
+    return mark_down(session, clock, book, candidates, rules) if candidates else []

@@ -21,10 +21,23 @@ from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
 from gpufleet.core.leases import release, try_acquire
 from gpufleet.core.loops import run_periodic
-from gpufleet.inventory.liveness import Change, HeartbeatBook, Receipt, flush, sweep
+from gpufleet.inventory.liveness import (
+    Change,
+    Deadlines,
+    HeartbeatBook,
+    Receipt,
+    UpNode,
+    flush,
+    load_up_nodes,
+    mark_down,
+    overdue,
+)
 
 log = logging.getLogger(__name__)
 LEADER_LEASE = "head-leader"
+# How stale the leader's view of `up` nodes may be: it bounds how late a node that another replica just
+# brought up starts being judged, and overdue nodes are re-read from the database before any change.
+VIEW_REFRESH_S = 1.0
 
 OnDurable = Callable[[dict[int, Receipt]], None]
 
@@ -44,6 +57,8 @@ class HeadLoops:
     on_change: Callable[[Change], None] = lambda _change: None
     leader_since: float | None = None
     lease_valid_until: float = 0.0
+    view: dict[int, UpNode] | None = None
+    view_loaded_at: float = 0.0
 
     @property
     def is_leader(self) -> bool:
@@ -87,18 +102,25 @@ class HeadLoops:
             log.warning("this replica (%s) lost the leadership lease", self.holder)
 
     def sweep_once(self) -> list[Change]:
-        if self.leader_since is None or self.clock.now() >= self.lease_valid_until:
+        now = self.clock.now()
+        if self.leader_since is None or now >= self.lease_valid_until:
+            self.view = None
+            return []
+        rules = Deadlines(
+            down_after_intervals=self.settings.down_after_intervals,
+            default_interval_s=self.settings.heartbeat_interval_s,
+            leader_since=self.leader_since,
+            grace_s=self.settings.leader_grace_s,
+        )
+        if self.view is None or now - self.view_loaded_at >= VIEW_REFRESH_S:
+            with transaction(self.sessions) as session:
+                self.view = load_up_nodes(session)
+            self.view_loaded_at = now
+        candidates = overdue(self.view, self.book, now, rules)
+        if not candidates:
             return []
         with transaction(self.sessions) as session:
-            return sweep(
-                session,
-                self.clock,
-                self.book,
-                down_after_intervals=self.settings.down_after_intervals,
-                default_interval_s=self.settings.heartbeat_interval_s,
-                leader_since=self.leader_since,
-                grace_s=self.settings.leader_grace_s,
-            )
+            return mark_down(session, self.clock, self.book, candidates, rules, self.view)
 
     def resign(self) -> None:
         if self.leader_since is None:

@@ -1,0 +1,68 @@
+"""Two head replicas on one database, driven tick by tick with a fake clock."""
+
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpufleet.core.clock import FakeClock
+from gpufleet.core.config import load_settings
+from gpufleet.core.db import transaction
+from gpufleet.inventory import service as inventory
+from gpufleet.inventory.schemas import NodeSettings
+from gpufleet.workers.head_loops import HeadLoops
+
+TICK = 0.1
+
+
+def _replicas(sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path) -> tuple[HeadLoops, HeadLoops]:
+    settings = load_settings(client_file=tmp_path / "none.toml", data_dir=tmp_path, leader_grace_s=10)
+    return (
+        HeadLoops(settings=settings, sessions=sessions, clock=clock, holder="a"),
+        HeadLoops(settings=settings, sessions=sessions, clock=clock, holder="b"),
+    )
+
+
+def test_the_leader_judges_nodes_heard_by_the_other_replica(
+    sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path
+) -> None:
+    a, b = _replicas(sessions, clock, tmp_path)
+    with transaction(sessions) as s:
+        ids = [n.id for n in inventory.add_nodes(s, clock, ["n[1-50]"], NodeSettings())]
+    assert a.lead_once()
+    assert not b.lead_once()
+    clock.advance(10)  # past the leader's grace
+    down: dict[int, float] = {}
+    silent_from = 5.0  # node 1 stops at t=5 s (measured from here)
+    start = clock.now()
+    for tick in range(int(12 / TICK)):
+        t = tick * TICK
+        if tick % 10 == 0:  # every node heartbeats to replica b once a second
+            for node_id in ids:
+                if node_id != ids[0] or t < silent_from:
+                    b.book.record(node_id, clock.now(), 1.0, tick)
+        if tick % 3 == 0:
+            b.flush_once()
+        if tick % 20 == 0:
+            a.lead_once()
+            b.lead_once()
+        for change in a.sweep_once() + b.sweep_once():
+            down[change.node_id] = clock.now() - start
+        clock.advance(TICK)
+    assert list(down) == [ids[0]]  # no false down among the other 49
+    last_beat = 4.0  # the last beat before t=5 s
+    assert 2.5 < down[ids[0]] - last_beat <= 2.5 + 0.3 + TICK  # deadline + flush lag + one tick
+
+
+def test_a_leader_that_cannot_renew_stops_sweeping(
+    sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path
+) -> None:
+    a, _ = _replicas(sessions, clock, tmp_path)
+    with transaction(sessions) as s:
+        node = inventory.add_nodes(s, clock, ["n1"], NodeSettings())[0]
+    assert a.lead_once()
+    a.book.record(node.id, clock.now(), 1.0, 1)
+    a.flush_once()
+    clock.advance(a.settings.lease_ttl_s + 20)  # no renewal meanwhile: the lease may belong to another
+    assert a.sweep_once() == []
+    assert a.lead_once()  # renewed (nobody else took it): judging resumes
+    assert [c.name for c in a.sweep_once()] == ["n1"]
