@@ -41,7 +41,9 @@ def test_restarted_head_keeps_nodes_and_the_simulator_reconnects(head: Head, tmp
         head.kill(signal.SIGKILL)  # no graceful flush: only acknowledged state may be relied on
         head.start()
         after = {n["name"]: n["last_seen"] for n in head.nodes()}
-        assert after == before  # what the head had made durable is all still there
+        # What the head had made durable (and so acknowledged) is all still there: nothing went back.
+        assert after.keys() == before.keys()
+        assert all(after[name] >= before[name] for name in before)
         time.sleep(14)  # past the new leader's grace: reconnected nodes must not be marked down
         assert set(_states(head).values()) == {"up"}
         for name in ("sim001", "sim020"):
