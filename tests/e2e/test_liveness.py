@@ -2,6 +2,7 @@
 
 import signal
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -43,7 +44,7 @@ def test_restarted_head_keeps_nodes_and_the_simulator_reconnects(head: Head, tmp
         after = {n["name"]: n["last_seen"] for n in head.nodes()}
         # What the head had made durable (and so acknowledged) is all still there: nothing went back.
         assert after.keys() == before.keys()
-        assert all(after[name] >= before[name] for name in before)
+        assert all(datetime.fromisoformat(after[n]) >= datetime.fromisoformat(before[n]) for n in before)
         time.sleep(14)  # past the new leader's grace: reconnected nodes must not be marked down
         assert set(_states(head).values()) == {"up"}
         for name in ("sim001", "sim020"):
