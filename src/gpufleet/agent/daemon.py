@@ -115,7 +115,9 @@ class Agent:
                 reason = exc.rcvd.reason if exc.rcvd is not None else ""
                 if code in (CLOSE_UNAUTHORIZED, CLOSE_NODE_GONE, CLOSE_REPLACED):
                     raise AgentStopped(f"the head closed the channel of node {self.options.name}: {reason}") from None
-                log.warning("channel closed (%s %s); reconnecting", code, reason)
+                # 1001 (going away) and 1012 (service restart) are a head shutting down or restarting: routine.
+                level = logging.INFO if code in (1001, 1012) else logging.WARNING
+                log.log(level, "channel closed (%s %s); reconnecting", code, reason)
             except (OSError, TimeoutError, InvalidHandshake, InvalidURI, Unavailable) as exc:
                 log.warning("cannot reach the head at %s (%s); retrying in %.1fs", self.options.server, exc, backoff)
             finally:
