@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ from typing import Any
 import psutil
 
 from gpufleet.client import HeadClient
+from gpufleet.core import gc_tuning
 from gpufleet.core.errors import GpufleetError
 from gpufleet.sim.runner import SimOptions, Simulation
 
@@ -203,20 +203,6 @@ def wait_for_leader(server: ServerProcess, client: HeadClient, timeout_s: float 
 
 
 # -- the simulator side ---------------------------------------------------------------------------
-SIM_GC_THRESHOLD = (50_000, 20, 10)
-
-
-def tune_gc() -> None:
-    """Keep this process's garbage collector from pausing the 1,000 agents it hosts.
-
-    With default thresholds a process holding 1,000 WebSocket clients runs a full collection every
-    ~15 s that takes 0.2-0.4 s on 2 cores, stalling every agent at once: an artefact of simulating
-    many nodes in one process (a real agent's heap is tiny). Freeze what exists now and make young
-    collections rare, so objects that live about a heartbeat die before they reach the old generation.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*SIM_GC_THRESHOLD)
 
 
 async def monitor(sim: Simulation, state: ChurnState, health: SimHealth, head: psutil.Process) -> None:
@@ -416,7 +402,7 @@ async def run_simulation(args: argparse.Namespace, server: ServerProcess, workdi
         )
         sim.build()
         if not args.sim_default_gc:
-            tune_gc()
+            gc_tuning.tune_for_long_running()
         sim_started = time.time()
         sim_task = asyncio.create_task(sim.run(), name="simulation")
         try:
@@ -547,7 +533,7 @@ def figures(
             "max": max(health.lag_samples, default=None),
         },
         "sim_max_heartbeat_age_s": health.max_heartbeat_age_s,
-        "sim_gc": "default" if args.sim_default_gc else f"freeze + threshold {SIM_GC_THRESHOLD}",
+        "sim_gc": "default" if args.sim_default_gc else f"freeze + threshold {gc_tuning.THRESHOLD}",
         "time_to_all_up_s": all_up_s,
         "setup_s": setup_s,
         "goal": {

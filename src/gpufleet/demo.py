@@ -18,6 +18,7 @@ import typer
 from gpufleet.api.server import prepare
 from gpufleet.cli.state import CliState
 from gpufleet.client import raise_for
+from gpufleet.core import gc_tuning
 from gpufleet.core.config import default_client_file, load_settings, write_client_file
 from gpufleet.core.errors import ConfigError
 from gpufleet.sim.runner import SimOptions, Simulation
@@ -89,6 +90,7 @@ def run_demo(cli: CliState, data_dir: Path, listen: str, nodes: int, gpus_per_no
             )
         )
         simulation.build()
+        gc_tuning.tune_for_long_running()
         sim_task = asyncio.create_task(simulation.run())
         try:
             await serving

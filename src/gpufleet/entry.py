@@ -17,6 +17,7 @@ import typer
 
 from gpufleet.cli.app import app
 from gpufleet.cli.state import state
+from gpufleet.core import gc_tuning
 from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.protocol.messages import check_node_name
 
@@ -100,6 +101,7 @@ def sim(
         )
     )
     simulation.build()
+    gc_tuning.tune_for_long_running()  # a thousand agents in one process: see core/gc_tuning.py
     typer.echo(f"simulating {nodes} node(s) with {gpus_per_node} {gpu_model} GPU(s) each against {settings.server}")
     try:
         asyncio.run(simulation.run())

@@ -1,5 +1,8 @@
 """Database plumbing on both backends: migrations match the models, the lease is exclusive."""
 
+from datetime import UTC, datetime
+
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Engine
@@ -7,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.db import transaction
-from gpufleet.core.leases import holder_of, release, try_acquire
+from gpufleet.core.leases import Lease, holder_of, release, try_acquire
 from gpufleet.migrations import metadata, upgrade
 
 
@@ -43,3 +46,17 @@ def test_released_lease_is_free_at_once(sessions: sessionmaker[Session], clock: 
         release(s, "leader", "a")
     with transaction(sessions) as s:
         assert try_acquire(s, "leader", "b", clock.now(), ttl_s=60)
+
+
+def test_reads_do_not_wait_for_a_writer(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+    with transaction(sessions) as writer:
+        assert try_acquire(writer, "leader", "a", clock.now(), ttl_s=5)  # holds the write lock (SQLite)
+        with transaction(sessions, readonly=True) as reader:
+            assert holder_of(reader, "leader", clock.now()) is None  # the writer has not committed yet
+
+
+def test_a_read_only_transaction_refuses_to_write(sessions: sessionmaker[Session]) -> None:
+    with pytest.raises(RuntimeError, match="read-only"), transaction(sessions, readonly=True) as session:
+        session.add(Lease(name="x", holder="y", expires_at=datetime.now(UTC)))
+    with transaction(sessions, readonly=True) as session:
+        assert session.get(Lease, "x") is None

@@ -22,6 +22,7 @@ from gpufleet.api.limits import BodySizeLimit
 from gpufleet.api.routers import agent, nodes, status_page, tokens
 from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.config import Settings
+from gpufleet.core.db import transaction
 from gpufleet.workers.head_loops import HeadLoops
 
 
@@ -76,7 +77,7 @@ def create_app(
     @app.get("/healthz", include_in_schema=False)
     def healthz(request: Request) -> JSONResponse:
         try:
-            with sessions() as session:
+            with transaction(sessions, readonly=True) as session:
                 session.execute(text("SELECT 1"))
         except Exception as exc:
             return JSONResponse({"status": "error", "database": str(exc)[:200]}, status_code=503)

@@ -26,11 +26,11 @@ def context(request: Request) -> HeadContext:
 Ctx = Annotated[HeadContext, Depends(context)]
 
 
-def tx(ctx: HeadContext) -> AbstractContextManager[Session]:
+def tx(ctx: HeadContext, *, readonly: bool = False) -> AbstractContextManager[Session]:
     """The route's unit of work. Routes open it in their own body, not as a `yield` dependency: a
     dependency's commit runs in another worker thread, and with every worker busy waiting for the
     SQLite write lock, the holder could never get one to commit and release it."""
-    return transaction(ctx.sessions)
+    return transaction(ctx.sessions, readonly=readonly)
 
 
 def bearer_token(authorization: str | None) -> str:
@@ -43,10 +43,18 @@ def bearer_token(authorization: str | None) -> str:
     return token.strip()
 
 
+def authenticate(ctx: HeadContext, token: str) -> Principal:
+    """Who presents `token`: a read; the rare write that records the use goes in its own transaction."""
+    with transaction(ctx.sessions, readonly=True) as session:
+        who = auth.authenticate(session, ctx.clock, token)
+    if who.use_unrecorded:
+        with transaction(ctx.sessions) as session:
+            auth.record_use(session, ctx.clock, who)
+    return who
+
+
 def principal(request: Request, ctx: Ctx) -> Principal:
-    token = bearer_token(request.headers.get("authorization"))
-    with transaction(ctx.sessions) as session:
-        return auth.authenticate(session, ctx.clock, token)
+    return authenticate(ctx, bearer_token(request.headers.get("authorization")))
 
 
 Caller = Annotated[Principal, Depends(principal)]

@@ -9,6 +9,7 @@ import uvicorn
 
 from gpufleet.api.app import create_app
 from gpufleet.auth import service as auth
+from gpufleet.core import gc_tuning
 from gpufleet.core.clock import SystemClock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import make_engine, make_session_factory, transaction
@@ -52,4 +53,5 @@ def run(settings: Settings, announce: bool = True) -> None:
     server, token = prepare(settings)
     if token is not None and announce:
         print(f"Admin token (shown once, store it now): {token}", flush=True)
+    gc_tuning.tune_for_long_running()
     asyncio.run(serve(server))

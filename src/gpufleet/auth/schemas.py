@@ -43,3 +43,4 @@ class Principal:
     kind: TokenKind
     token_id: int
     node_id: int | None = None
+    use_unrecorded: bool = False  # last use older than a minute: worth one write to record

@@ -85,7 +85,8 @@ def _lookup(session: Session, clock: Clock, token: str) -> ApiToken:
 
 
 def authenticate(session: Session, clock: Clock, token: str) -> Principal:
-    """Resolve a bearer token to who is calling. Join tokens are not accepted here, only by `consume_join_token`.
+    """Resolve a bearer token to who is calling, reading only. Join tokens are accepted only by
+    `consume_join_token`. The caller records the use with `record_use` when `use_unrecorded` says so.
 
     Raises Unauthorized for an unknown, revoked, expired or join token.
     """
@@ -93,9 +94,15 @@ def authenticate(session: Session, clock: Clock, token: str) -> Principal:
     if row.kind is TokenKind.JOIN:
         raise Unauthorized("a join token can only be used to join a node")
     now = to_datetime(clock.now())
-    if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
-        row.last_used_at = now
-    return Principal(kind=row.kind, token_id=row.id, node_id=row.node_id)
+    stale = row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION
+    return Principal(kind=row.kind, token_id=row.id, node_id=row.node_id, use_unrecorded=stale)
+
+
+def record_use(session: Session, clock: Clock, principal: Principal) -> None:
+    """Note that a token was used (at most once a minute, see `Principal.use_unrecorded`)."""
+    session.execute(
+        update(ApiToken).where(ApiToken.id == principal.token_id).values(last_used_at=to_datetime(clock.now()))
+    )
 
 
 def consume_join_token(session: Session, clock: Clock, token: str) -> ApiToken:

@@ -63,11 +63,16 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+READONLY = "gpufleet_readonly"
+
+
 def _sqlite_begin(conn: Any) -> None:
     # A deferred transaction that reads and then writes fails at once with "database is locked"
     # when another writer got in between (busy_timeout cannot help there). Taking the write lock
     # up front makes concurrent writers queue on busy_timeout instead. SQLite has one writer anyway.
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    # Read-only transactions (`transaction(..., readonly=True)`) need no lock: in WAL mode they
+    # read a snapshot while a writer works.
+    conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(READONLY) else "BEGIN IMMEDIATE")
 
 
 def make_engine(url: str) -> Engine:
@@ -96,11 +101,22 @@ def make_session_factory(engine: Engine) -> sessionmaker[Session]:
 
 
 @contextmanager
-def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """One unit of work: commit on success, roll back on any error. Services never commit themselves."""
+def transaction(factory: sessionmaker[Session], *, readonly: bool = False) -> Iterator[Session]:
+    """One unit of work: commit on success, roll back on any error. Services never commit themselves.
+
+    `readonly` promises that the block only reads; on SQLite it then takes no write lock. Raises
+    Unavailable when the database cannot be reached or stays locked.
+    """
     try:
-        with factory.begin() as session:
-            yield session
+        if readonly:
+            bind = factory.kw["bind"].execution_options(**{READONLY: True})
+            with factory(bind=bind) as session, session.begin():
+                yield session
+                if session.new or session.dirty or session.deleted:
+                    raise RuntimeError("a read-only transaction tried to write")
+        else:
+            with factory.begin() as session:
+                yield session
     except OperationalError as exc:
         raise Unavailable(f"database error: {exc.orig}") from exc
 

@@ -113,7 +113,7 @@ class HeadLoops:
             grace_s=self.settings.leader_grace_s,
         )
         if self.view is None or now - self.view_loaded_at >= VIEW_REFRESH_S:
-            with transaction(self.sessions) as session:
+            with transaction(self.sessions, readonly=True) as session:
                 self.view = load_up_nodes(session)
             self.view_loaded_at = now
         candidates = overdue(self.view, self.book, now, rules)

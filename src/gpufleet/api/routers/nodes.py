@@ -20,7 +20,7 @@ def list_nodes(
     ctx: Ctx,
     names: Annotated[str | None, Query(description="hostlist filter, e.g. gpu[001-004]")] = None,
 ) -> list[NodeOut]:
-    with tx(ctx) as db:
+    with tx(ctx, readonly=True) as db:
         return [inventory.to_out(n) for n in inventory.list_nodes(db, [names] if names else None)]
 
 
@@ -46,7 +46,7 @@ def remove_nodes(
 
 @router.get("/{name}")
 def show_node(name: str, _: Admin, ctx: Ctx) -> NodeDetail:
-    with tx(ctx) as db:
+    with tx(ctx, readonly=True) as db:
         return inventory.to_detail(db, inventory.get_node(db, name))
 
 

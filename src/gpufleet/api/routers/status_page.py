@@ -12,10 +12,8 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from gpufleet.api.deps import SESSION_COOKIE, Ctx
-from gpufleet.auth import service as auth
+from gpufleet.api.deps import SESSION_COOKIE, Ctx, authenticate, tx
 from gpufleet.auth.models import TokenKind
-from gpufleet.core.db import transaction
 from gpufleet.core.errors import GpufleetError
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.states import NodeState
@@ -28,8 +26,7 @@ def _is_admin(ctx: Ctx, token: str | None) -> bool:
     if not token:
         return False
     try:
-        with transaction(ctx.sessions) as session:
-            return auth.authenticate(session, ctx.clock, token).kind is TokenKind.ADMIN
+        return authenticate(ctx, token).kind is TokenKind.ADMIN
     except GpufleetError:
         return False
 
@@ -38,7 +35,7 @@ def _is_admin(ctx: Ctx, token: str | None) -> bool:
 def status_page(request: Request, ctx: Ctx) -> Response:
     if not _is_admin(ctx, request.cookies.get(SESSION_COOKIE)):
         return RedirectResponse("/login", status_code=303)
-    with transaction(ctx.sessions) as session:
+    with tx(ctx, readonly=True) as session:
         nodes = [inventory.to_out(n) for n in inventory.list_nodes(session)]
     counts = {state.value: sum(1 for n in nodes if n.state is state) for state in NodeState}
     return TEMPLATES.TemplateResponse(

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from gpufleet.api.deps import Admin, Caller, Ctx, tx
 from gpufleet.auth import service as auth
-from gpufleet.auth.schemas import JoinTokenCreate, JoinTokenCreated, Principal, TokenOut
+from gpufleet.auth.schemas import JoinTokenCreate, JoinTokenCreated, TokenOut
 from gpufleet.core.clock import to_datetime
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
@@ -14,9 +14,9 @@ whoami_router = APIRouter(tags=["tokens"])
 
 
 @whoami_router.get("/whoami")
-def whoami(caller: Caller) -> Principal:
+def whoami(caller: Caller) -> dict[str, object]:
     """Who the presented token belongs to (used by `gpufleet login` to check a token)."""
-    return caller
+    return {"kind": caller.kind, "token_id": caller.token_id, "node_id": caller.node_id}
 
 
 @router.post("/join", status_code=201)
@@ -29,7 +29,7 @@ def create_join_token(body: JoinTokenCreate, _: Admin, ctx: Ctx) -> JoinTokenCre
 
 @router.get("")
 def list_tokens(_: Admin, ctx: Ctx) -> list[TokenOut]:
-    with tx(ctx) as db:
+    with tx(ctx, readonly=True) as db:
         tokens = auth.list_tokens(db)
     return [
         TokenOut(
