@@ -94,7 +94,11 @@ def authenticate(session: Session, clock: Clock, token: str) -> Principal:
     if row.kind is TokenKind.JOIN:
         raise Unauthorized("a join token can only be used to join a node")
     now = to_datetime(clock.now())
-    stale = row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION
+    # Node credentials are used every reconnect and their node's last_seen already says when; only
+    # people's and automation's tokens get a last-use record.
+    stale = row.kind is not TokenKind.NODE and (
+        row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION
+    )
     return Principal(kind=row.kind, token_id=row.id, node_id=row.node_id, use_unrecorded=stale)
 
 

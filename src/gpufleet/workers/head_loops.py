@@ -12,7 +12,9 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -40,6 +42,7 @@ LEADER_LEASE = "head-leader"
 VIEW_REFRESH_S = 1.0
 
 OnDurable = Callable[[dict[int, Receipt]], None]
+T = TypeVar("T")
 
 
 def replica_id() -> str:
@@ -131,7 +134,16 @@ class HeadLoops:
 
     # -- the loops --------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        """Run until `stop` is set; then make pending receipts durable and give up the lease."""
+        """Run until `stop` is set; then make pending receipts durable and give up the lease.
+
+        The loops' database work runs on their own thread, not asyncio's shared default executor:
+        a thousand agents joining at once queue their requests there, and a flush or sweep stuck
+        behind them would make live nodes look silent.
+        """
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="head-loops")
+
+        async def in_loop_thread(call: Callable[[], T]) -> T:
+            return await asyncio.get_running_loop().run_in_executor(executor, call)
 
         def report(changes: list[Change]) -> None:
             for change in changes:
@@ -139,13 +151,13 @@ class HeadLoops:
                 self.on_change(change)
 
         async def flush_step() -> None:
-            report(await asyncio.to_thread(self.flush_once))
+            report(await in_loop_thread(self.flush_once))
 
         async def lead_step() -> None:
-            await asyncio.to_thread(self.lead_once)
+            await in_loop_thread(self.lead_once)
 
         async def sweep_step() -> None:
-            report(await asyncio.to_thread(self.sweep_once))
+            report(await in_loop_thread(self.sweep_once))
 
         # Renew at a third of the TTL, so two missed renewals still keep the lease.
         lease_period = self.settings.lease_ttl_s / 3
@@ -156,7 +168,8 @@ class HeadLoops:
                 run_periodic("liveness-sweep", self.settings.sweep_interval_s, sweep_step, stop),
             )
         finally:
-            await asyncio.to_thread(self._shutdown)
+            await in_loop_thread(self._shutdown)
+            executor.shutdown(wait=False)
 
     def _shutdown(self) -> None:
         try:
