@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 from pathlib import Path
 
 import httpx
@@ -18,7 +17,7 @@ import typer
 from gpufleet.api.server import prepare
 from gpufleet.cli.state import CliState
 from gpufleet.client import raise_for
-from gpufleet.core import gc_tuning
+from gpufleet.core import gc_tuning, secrets
 from gpufleet.core.config import default_client_file, load_settings, write_client_file
 from gpufleet.core.errors import ConfigError
 from gpufleet.sim.runner import SimOptions, Simulation
@@ -29,7 +28,7 @@ def _admin_token(data_dir: Path) -> str:
     if path.exists():
         return path.read_text().strip()
     data_dir.mkdir(parents=True, exist_ok=True)
-    token = "gfa_" + secrets.token_urlsafe(32)
+    token = secrets.new_token(secrets.ADMIN_PREFIX)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(token + "\n")

@@ -25,7 +25,7 @@ ServerOpt = Annotated[str | None, typer.Option("--server", help="head node URL (
 JoinOpt = Annotated[str | None, typer.Option("--join-token", envvar="GPUFLEET_JOIN_TOKEN", help="join token")]
 IntervalOpt = Annotated[
     float | None,
-    typer.Option("--heartbeat-interval", min=0.05, help="seconds between heartbeats (default: the head's)"),
+    typer.Option("--heartbeat-interval", min=0.05, max=3600, help="seconds between heartbeats (default: the head's)"),
 ]
 
 

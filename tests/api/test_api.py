@@ -140,3 +140,12 @@ def test_status_page_requires_login(client: TestClient) -> None:
     assert "gpu001" in page.text
     assert "gpu002" in page.text
     assert "2 nodes" in page.text
+
+
+def test_duplicate_gpu_indexes_are_a_422(client: TestClient) -> None:
+    credential = _join(client, "n1")
+    gpu = {"index": 0, "uuid": "GPU-1", "model": "NVIDIA H200", "pci_bus_id": "0:1:0.0", "memory_total_mib": 1}
+    body = {"hostname": "h", "cpus": 1, "memory_total_mib": 1, "gpus": [gpu, gpu | {"uuid": "GPU-2"}]}
+    response = client.put("/api/v1/agent/inventory", json=body, headers={"Authorization": f"Bearer {credential}"})
+    assert response.status_code == 422
+    assert "unique" in response.json()["detail"]

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Head, cli_json, run_cli
+from tests.e2e.conftest import ADMIN, Head, cli_json, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -105,3 +105,21 @@ def test_agent_with_a_bad_join_token_exits_clearly(head: Head, tmp_path: Path) -
     assert "unknown token" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "agent" / "credential.json").exists()
+
+
+def test_server_start_errors_are_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = run_cli(tmp_path, "server", "--data-dir", str(blocker / "sub"), "--listen", "127.0.0.1:1", token=None)
+    assert result.returncode == 2
+    assert "cannot create the data directory" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_login_never_sends_a_saved_token_to_another_server(head: Head, tmp_path: Path) -> None:
+    assert run_cli(tmp_path, "login", "--server", head.url, "--token", ADMIN, token=None).returncode == 0
+    other = run_cli(tmp_path, "login", "--server", "http://127.0.0.1:9", token=None)  # no token given: prompt
+    # It asks for a token (and stops, with no input to read) instead of trying the saved one on the new server.
+    assert "API token" in other.stdout + other.stderr
+    assert "cannot reach" not in other.stderr
+    assert other.returncode not in (0, 7)

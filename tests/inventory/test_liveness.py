@@ -126,3 +126,13 @@ def test_failed_flush_keeps_receipts(sessions: sessionmaker[Session], clock: Fak
     book.forget(1)
     book.restore(taken)
     assert book.pending[1].seq == 1
+
+
+def test_a_receipt_for_a_removed_node_is_dropped(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+    ids = _setup(sessions, clock, 2)
+    book = HeartbeatBook()
+    book.record(ids["n1"], clock.now(), 1.0, 1)
+    book.record(ids["n2"], clock.now(), 1.0, 1)
+    with transaction(sessions) as s:
+        inventory.remove_nodes(s, ["n1"])
+    assert _flush(sessions, clock, book) == ["n2"]  # the batch survives the missing row

@@ -37,8 +37,20 @@ class CredentialStore:
             )
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise ConfigError(f"{self.path}: cannot read the credential: {exc.strerror}") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{self.path}: corrupt credential file ({exc}); delete it and join again") from None
+
+    def check_writable(self) -> None:
+        """Raise ConfigError unless a credential can be saved here."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            probe = self.path.with_name(self.path.name + ".probe")
+            probe.touch(mode=0o600)
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"cannot write the node credential in {self.path.parent}: {exc.strerror}") from None
 
     def save(self, credential: Credential) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
@@ -83,6 +84,7 @@ class Agent:
             return credential
         if not self.options.join_token:
             raise Unauthorized(f"node {self.options.name} has no credential yet: pass --join-token")
+        self.store.check_writable()  # before spending a join token on a credential we could not keep
         inventory = await self._current_inventory()
         joined = await self.http.join(self.options.join_token, self.options.name, inventory)
         credential = Credential(
@@ -150,13 +152,20 @@ class Agent:
             inventory = self._inventory or await self._current_inventory()
             hello = Hello(heartbeat_interval_s=self.interval_s, inventory_fingerprint=inventory.fingerprint())
             await ws.send(hello.model_dump_json())
-            welcome = head_message_adapter.validate_json(await asyncio.wait_for(ws.recv(), timeout=10))
+            try:
+                welcome = head_message_adapter.validate_json(await asyncio.wait_for(ws.recv(), timeout=10))
+            except ValidationError:
+                raise Unavailable("the head answered hello with something this agent does not understand") from None
             if not isinstance(welcome, Welcome):
                 raise Unavailable("the head did not answer hello")
             if welcome.inventory_wanted:
                 await self.http.put_inventory(credential.token, inventory)
             self.connected = True
-            tasks = {asyncio.create_task(self._read(ws)), asyncio.create_task(self._beat(ws, credential))}
+            tasks = {
+                asyncio.create_task(self._read(ws)),
+                asyncio.create_task(self._beat(ws)),
+                asyncio.create_task(self._watch_inventory(credential)),
+            }
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             finally:
@@ -170,26 +179,32 @@ class Agent:
 
     async def _read(self, ws: ClientConnection) -> None:
         async for raw in ws:
-            message = head_message_adapter.validate_json(raw)
+            try:
+                message = head_message_adapter.validate_json(raw)
+            except ValidationError:
+                log.debug("ignoring a message this agent does not understand: %.80r", raw)
+                continue  # a newer head may send more kinds of messages
             if isinstance(message, Ack):
                 self.acked_seq = max(self.acked_seq, message.seq)
                 self.ever_acked = True
         raise Unavailable("the head closed the channel normally")
 
-    async def _beat(self, ws: ClientConnection, credential: Credential) -> None:
+    async def _beat(self, ws: ClientConnection) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
-        next_inventory = next_at + self.options.inventory_check_s
         while True:
             self.seq += 1
             await ws.send(Heartbeat(seq=self.seq).model_dump_json())
             self.last_heartbeat_at = time.time()
-            if loop.time() >= next_inventory:
-                next_inventory = loop.time() + self.options.inventory_check_s
-                await self._resend_if_changed(credential)
             # Fixed rate: a late beat shortens the next wait rather than shifting every later one.
             next_at = max(next_at + self.interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
+
+    async def _watch_inventory(self, credential: Credential) -> None:
+        """Its own task: a slow nvidia-smi or a slow PUT must never delay a heartbeat."""
+        while True:
+            await asyncio.sleep(self.options.inventory_check_s)
+            await self._resend_if_changed(credential)
 
     async def _resend_if_changed(self, credential: Credential) -> None:
         before = self._inventory.fingerprint() if self._inventory else None

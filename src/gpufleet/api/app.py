@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,6 +25,8 @@ from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
 from gpufleet.workers.head_loops import HeadLoops
+
+log = logging.getLogger(__name__)
 
 
 def create_app(
@@ -79,8 +82,9 @@ def create_app(
         try:
             with transaction(sessions, readonly=True) as session:
                 session.execute(text("SELECT 1"))
-        except Exception as exc:
-            return JSONResponse({"status": "error", "database": str(exc)[:200]}, status_code=503)
+        except Exception:
+            log.exception("health check: the database does not answer")
+            return JSONResponse({"status": "error", "database": "unreachable"}, status_code=503)
         return JSONResponse({"status": "ok", "version": __version__, "leader": loops.is_leader, "channels": len(hub)})
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)

@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 import uvicorn
+from sqlalchemy.exc import OperationalError
 
 from gpufleet.api.app import create_app
 from gpufleet.auth import service as auth
@@ -13,6 +14,7 @@ from gpufleet.core import gc_tuning
 from gpufleet.core.clock import SystemClock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import make_engine, make_session_factory, transaction
+from gpufleet.core.errors import ConfigError, Unavailable
 from gpufleet.migrations import upgrade
 from gpufleet.protocol.messages import MAX_CHANNEL_MESSAGE_BYTES
 
@@ -21,9 +23,15 @@ log = logging.getLogger(__name__)
 
 def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
     """Everything before serving. Returns the server and, on first start, the admin token to print once."""
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the data directory {settings.data_dir}: {exc.strerror}") from None
     engine = make_engine(settings.effective_database_url)
-    upgrade(engine)
+    try:
+        upgrade(engine)
+    except OperationalError as exc:
+        raise Unavailable(f"cannot reach the database: {exc.orig}") from None
     sessions = make_session_factory(engine)
     clock = SystemClock()
     bootstrap = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None

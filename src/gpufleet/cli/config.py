@@ -30,10 +30,11 @@ def login(
     token: Annotated[str | None, typer.Option(help="API token", envvar="GPUFLEET_TOKEN")] = None,
 ) -> None:
     """Check a server URL and token, then save them for later commands (mode 0600)."""
-    settings = state(ctx).settings(server=server, token=token)
-    secret = settings.token.get_secret_value() if settings.token else None
-    if not secret:
-        secret = typer.prompt("API token", hide_input=True)
+    cli = state(ctx)
+    settings = cli.settings(server=server)
+    # Only a token given now (option, GPUFLEET_TOKEN or the root --token) is sent: a token saved by an
+    # earlier login belongs to that login's server and must never be presented to another one.
+    secret = token or cli.overrides.get("token") or typer.prompt("API token", hide_input=True)
     client = HeadClient(settings.server, secret)
     try:
         who = client.whoami()

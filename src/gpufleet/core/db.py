@@ -11,11 +11,11 @@ from typing import Any
 
 from sqlalchemy import DateTime, Engine, MetaData, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
-from gpufleet.core.errors import ConfigError, Unavailable
+from gpufleet.core.errors import ConfigError, Conflict, Unavailable
 
 # Stable constraint names, so Alembic migrations are the same on SQLite and PostgreSQL.
 NAMING_CONVENTION = {
@@ -119,10 +119,9 @@ def transaction(factory: sessionmaker[Session], *, readonly: bool = False) -> It
                 yield session
     except OperationalError as exc:
         raise Unavailable(f"database error: {exc.orig}") from exc
-
-
-def is_postgres(engine: Engine) -> bool:
-    return engine.dialect.name == "postgresql"
+    except IntegrityError as exc:
+        # A uniqueness race the service's own check could not see (two replicas adding one name).
+        raise Conflict("the change conflicts with a concurrent one; retry") from exc
 
 
 def enum_values(enum_cls: type[enum.Enum]) -> list[str]:

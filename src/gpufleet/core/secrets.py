@@ -26,7 +26,3 @@ def hash_token(token: str) -> str:
 
 def same(a: str, b: str) -> bool:
     return hmac.compare_digest(a, b)
-
-
-def mask(value: str | None) -> str:
-    return "" if not value else "********"

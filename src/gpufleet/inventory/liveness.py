@@ -11,8 +11,9 @@ sweep tick is a loop in memory; only overdue nodes are re-read and changed in th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.core.clock import Clock, to_datetime
@@ -71,13 +72,14 @@ def flush(session: Session, clock: Clock, receipts: dict[int, Receipt]) -> list[
     """
     if not receipts:
         return []
+    # A Core executemany, not the ORM's bulk update by primary key: a receipt for a node deleted
+    # meanwhile must match no row and be dropped, not fail the whole batch (and every retry of it).
+    nodes = cast(Table, Node.__table__)
     session.execute(
-        update(Node),
-        [
-            {"id": node_id, "last_seen": to_datetime(r.at), "heartbeat_interval_s": r.interval_s}
-            for node_id, r in receipts.items()
-        ],
-        execution_options={"synchronize_session": False},
+        update(nodes)
+        .where(nodes.c.id == bindparam("node_id"))
+        .values(last_seen=bindparam("seen"), heartbeat_interval_s=bindparam("interval")),
+        [{"node_id": node_id, "seen": to_datetime(r.at), "interval": r.interval_s} for node_id, r in receipts.items()],
     )
     changes: list[Change] = []
     ids = list(receipts)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from sqlalchemy import select, update
@@ -15,8 +14,8 @@ from gpufleet.inventory.models import Gpu, Node, NodeTransition
 from gpufleet.inventory.schemas import NodeDetail, NodeOut, NodeSettings, TransitionOut
 from gpufleet.inventory.states import NodeState, allowed
 from gpufleet.protocol.inventory import GpuInfo, NodeInventory
+from gpufleet.protocol.messages import NODE_NAME_PATTERN
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 HISTORY_SHOWN = 50
 
 
@@ -24,7 +23,7 @@ def expand_names(expressions: list[str]) -> list[str]:
     """Hostlist-expand and validate node names. Raises InvalidInput naming the first bad one."""
     names = hostlist.expand(expressions)
     for name in names:
-        if not _NAME.match(name):
+        if not NODE_NAME_PATTERN.match(name):
             raise InvalidInput(f"invalid node name {name!r}: use letters, digits, '.', '_' and '-' (max 63)")
     return names
 

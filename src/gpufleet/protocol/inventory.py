@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 ShortText = Annotated[str, StringConstraints(max_length=256, strip_whitespace=True)]
 Mode = Literal["enabled", "disabled"]
@@ -53,6 +53,13 @@ class NodeInventory(BaseModel):
     agent_version: ShortText | None = None
     gpu_source: GpuSource = "none"
     gpus: list[GpuInfo] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
+
+    @model_validator(mode="after")
+    def _unique_gpus(self) -> NodeInventory:
+        indexes = [gpu.index for gpu in self.gpus]
+        if len(set(indexes)) != len(indexes):
+            raise ValueError("GPU indexes must be unique")
+        return self
 
     def fingerprint(self) -> str:
         """A stable hash of the content, so both sides can tell cheaply whether it changed."""

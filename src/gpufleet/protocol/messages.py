@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapte
 
 from gpufleet.protocol.inventory import NodeInventory
 
-NodeName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+NODE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+NodeName = Annotated[str, StringConstraints(pattern=NODE_NAME_RE)]
 
 # WebSocket close codes in the private range, mirroring HTTP status codes.
 CLOSE_BAD_MESSAGE = 4400
@@ -27,7 +28,7 @@ MAX_CHANNEL_MESSAGE_BYTES = 64 * 1024
 MAX_INVENTORY_BYTES = 256 * 1024
 
 
-NODE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+NODE_NAME_PATTERN = re.compile(NODE_NAME_RE)
 
 
 def check_node_name(name: str) -> str:

@@ -101,6 +101,9 @@ class Simulation:
         except GpufleetError as exc:
             self.failures[name] = str(exc)
             log.error("node %s stopped: %s", name, exc)
+        except Exception as exc:  # one simulated node's bug must not take the others down
+            self.failures[name] = repr(exc)
+            log.exception("node %s crashed", name)
 
     async def run(self) -> None:
         """Start every agent (ramped) and run until cancelled. Raises the first error if no node could run."""

@@ -107,8 +107,8 @@ async def channel(ws: WebSocket) -> None:
         closing = await _serve(ctx, ws, chan, fingerprint)
     except TimeoutError:
         closing = (CLOSE_BAD_MESSAGE, "no heartbeat within ten intervals")
-    except WebSocketDisconnect:
-        pass
+    except (WebSocketDisconnect, RuntimeError):
+        pass  # the agent went away, or this side closed the socket (node replaced or removed)
     finally:
         ctx.hub.unregister(chan)
         writer.cancel()

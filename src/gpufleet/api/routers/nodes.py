@@ -40,6 +40,8 @@ def remove_nodes(
     with tx(ctx) as db:
         ids = [n.id for n in inventory.list_nodes(db, [names])]
         removed = inventory.remove_nodes(db, [names])
+    for node_id in ids:
+        ctx.loops.book.forget(node_id)
     ctx.hub.disconnect(ids, CLOSE_NODE_GONE, "node removed from gpufleet")
     return removed
 
