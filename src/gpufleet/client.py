@@ -6,6 +6,7 @@ httpx exception or a status code.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -107,6 +108,15 @@ class HeadClient:
     def create_join_token(self, expires_in_s: int, uses: int) -> dict[str, Any]:
         body = {"expires_in_s": expires_in_s, "uses": uses}
         result: dict[str, Any] = self._call("POST", "/api/v1/tokens/join", json=body)
+        return result
+
+    def list_audit(self, since: datetime | None, actor: str | None, limit: int) -> list[dict[str, Any]]:
+        params: dict[str, str | int] = {"limit": limit}
+        if since is not None:
+            params["since"] = since.isoformat()
+        if actor is not None:
+            params["actor"] = actor
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/audit", params=params)
         return result
 
     def list_tokens(self) -> list[dict[str, Any]]:

@@ -123,3 +123,20 @@ def test_login_never_sends_a_saved_token_to_another_server(head: Head, tmp_path:
     assert "API token" in other.stdout + other.stderr
     assert "cannot reach" not in other.stderr
     assert other.returncode not in (0, 7)
+
+
+def test_audit_list_shows_a_scripted_cli_run(head: Head, tmp_path: Path) -> None:
+    assert run_cli(tmp_path, "node", "add", "gpu[001-002]", server=head.url).returncode == 0
+    assert run_cli(tmp_path, "token", "create", "--expires", "1h", server=head.url).returncode == 0
+    assert run_cli(tmp_path, "node", "add", "gpu001", server=head.url).returncode == 4
+    records = cli_json(tmp_path, head.url, "audit", "list", "--since", "1h")
+    rows = [(r["actor"], r["action"], r["target"], r["result"]) for r in reversed(records)]
+    actor = "token:bootstrap#1"
+    assert rows == [
+        (actor, "nodes.add_nodes", "gpu[001-002]", 201),
+        (actor, "tokens.create_join_token", "join token #2 (uses 1, expires in 3600s)", 201),
+        (actor, "nodes.add_nodes", "gpu001", 409),
+    ]
+    assert all(r["source"] == "127.0.0.1" for r in records)
+    table = run_cli(tmp_path, "audit", "list", server=head.url)
+    assert "3 audit records" in table.stdout

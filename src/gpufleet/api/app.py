@@ -16,11 +16,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet import __version__
 from gpufleet.api import errors
+from gpufleet.api.audit import AuditMiddleware
 from gpufleet.api.context import HeadContext
 from gpufleet.api.deps import require_admin
 from gpufleet.api.hub import ChannelHub
 from gpufleet.api.limits import BodySizeLimit
-from gpufleet.api.routers import agent, nodes, status_page, tokens
+from gpufleet.api.routers import agent, audit_log, nodes, status_page, tokens
 from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
@@ -69,6 +70,7 @@ def create_app(
     api.include_router(nodes.router)
     api.include_router(tokens.router)
     api.include_router(tokens.whoami_router)
+    api.include_router(audit_log.router)
     api.include_router(agent.router)
     app.include_router(api)
     app.include_router(status_page.router)
@@ -88,4 +90,5 @@ def create_app(
         return JSONResponse({"status": "ok", "version": __version__, "leader": loops.is_leader, "channels": len(hub)})
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(AuditMiddleware)  # outermost: records even what the size limit refuses
     return app

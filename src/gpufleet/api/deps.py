@@ -54,7 +54,9 @@ def authenticate(ctx: HeadContext, token: str) -> Principal:
 
 
 def principal(request: Request, ctx: Ctx) -> Principal:
-    return authenticate(ctx, bearer_token(request.headers.get("authorization")))
+    who = authenticate(ctx, bearer_token(request.headers.get("authorization")))
+    request.state.actor = who.actor  # for the audit record
+    return who
 
 
 Caller = Annotated[Principal, Depends(principal)]

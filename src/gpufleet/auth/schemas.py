@@ -44,3 +44,8 @@ class Principal:
     token_id: int
     node_id: int | None = None
     use_unrecorded: bool = False  # last use older than a minute: worth one write to record
+    name: str = ""  # the token's name, or the node's, for the audit log
+
+    @property
+    def actor(self) -> str:
+        return f"node:{self.name}" if self.kind is TokenKind.NODE else f"token:{self.name}#{self.token_id}"

@@ -99,7 +99,8 @@ def authenticate(session: Session, clock: Clock, token: str) -> Principal:
     stale = row.kind is not TokenKind.NODE and (
         row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION
     )
-    return Principal(kind=row.kind, token_id=row.id, node_id=row.node_id, use_unrecorded=stale)
+    name = row.name.removeprefix("node ") if row.kind is TokenKind.NODE else row.name
+    return Principal(kind=row.kind, token_id=row.id, node_id=row.node_id, use_unrecorded=stale, name=name)
 
 
 def record_use(session: Session, clock: Clock, principal: Principal) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gpufleet import __version__
-from gpufleet.cli import config, nodes, tokens
+from gpufleet.cli import audit, config, nodes, tokens
 from gpufleet.cli.state import CliState
 
 app = typer.Typer(
@@ -40,4 +40,5 @@ def root(
 app.add_typer(nodes.app, name="node")
 app.add_typer(tokens.app, name="token")
 app.add_typer(config.app, name="config")
+app.add_typer(audit.app, name="audit")
 app.command("login")(config.login)

@@ -41,8 +41,10 @@ HELLO_TIMEOUT_S = 10.0
 def join(body: JoinRequest, request: Request, ctx: Ctx) -> JoinResponse:
     """Trade a join token for this node's own credential. The token's use is spent only if all succeeds."""
     token = bearer_token(request.headers.get("authorization"))
+    request.state.audit_target = body.name
     with tx(ctx) as db:
-        auth.consume_join_token(db, ctx.clock, token)
+        spent = auth.consume_join_token(db, ctx.clock, token)
+        request.state.actor = f"join-token#{spent.id}"
         node = inventory.join(db, ctx.clock, body.name)
         if body.inventory is not None:
             inventory.apply_inventory(db, ctx.clock, node, body.inventory)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 from gpufleet.api.deps import Admin, Ctx, tx
 from gpufleet.inventory import service as inventory
@@ -25,7 +25,8 @@ def list_nodes(
 
 
 @router.post("", status_code=201)
-def add_nodes(body: NodesCreate, _: Admin, ctx: Ctx) -> list[NodeOut]:
+def add_nodes(body: NodesCreate, _: Admin, ctx: Ctx, request: Request) -> list[NodeOut]:
+    request.state.audit_target = ",".join(body.names)
     settings = NodeSettings(category=body.category, labels=body.labels)
     with tx(ctx) as db:
         return [inventory.to_out(n) for n in inventory.add_nodes(db, ctx.clock, body.names, settings)]
@@ -53,6 +54,7 @@ def show_node(name: str, _: Admin, ctx: Ctx) -> NodeDetail:
 
 
 @router.post("/{name}/clone", status_code=201)
-def clone_node(name: str, body: NodeClone, _: Admin, ctx: Ctx) -> list[NodeOut]:
+def clone_node(name: str, body: NodeClone, _: Admin, ctx: Ctx, request: Request) -> list[NodeOut]:
+    request.state.audit_target = f"{name} -> {','.join(body.names)}"
     with tx(ctx) as db:
         return [inventory.to_out(n) for n in inventory.clone_node(db, ctx.clock, name, body.names)]

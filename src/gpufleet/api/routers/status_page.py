@@ -14,6 +14,7 @@ from fastapi.templating import Jinja2Templates
 
 from gpufleet.api.deps import SESSION_COOKIE, Ctx, authenticate, tx
 from gpufleet.auth.models import TokenKind
+from gpufleet.auth.schemas import Principal
 from gpufleet.core.errors import GpufleetError
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.states import NodeState
@@ -22,18 +23,19 @@ TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / 
 router = APIRouter(include_in_schema=False)
 
 
-def _is_admin(ctx: Ctx, token: str | None) -> bool:
+def _admin(ctx: Ctx, token: str | None) -> Principal | None:
     if not token:
-        return False
+        return None
     try:
-        return authenticate(ctx, token).kind is TokenKind.ADMIN
+        who = authenticate(ctx, token)
     except GpufleetError:
-        return False
+        return None
+    return who if who.kind is TokenKind.ADMIN else None
 
 
 @router.get("/", response_class=HTMLResponse)
 def status_page(request: Request, ctx: Ctx) -> Response:
-    if not _is_admin(ctx, request.cookies.get(SESSION_COOKIE)):
+    if _admin(ctx, request.cookies.get(SESSION_COOKIE)) is None:
         return RedirectResponse("/login", status_code=303)
     with tx(ctx, readonly=True) as session:
         nodes = [inventory.to_out(n) for n in inventory.list_nodes(session)]
@@ -53,8 +55,11 @@ def login_form(request: Request) -> Response:
 
 @router.post("/login", response_class=HTMLResponse)
 def login(request: Request, ctx: Ctx, token: Annotated[str, Form(max_length=512)]) -> Response:
-    if not _is_admin(ctx, token.strip()):
+    request.state.audit_target = "status page"
+    who = _admin(ctx, token.strip())
+    if who is None:
         return TEMPLATES.TemplateResponse(request, "login.html", {"error": "unknown or expired token"}, status_code=401)
+    request.state.actor = who.actor
     response = RedirectResponse("/", status_code=303)
     response.set_cookie(
         SESSION_COOKIE,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from gpufleet.api.deps import Admin, Caller, Ctx, tx
 from gpufleet.auth import service as auth
@@ -20,9 +20,10 @@ def whoami(caller: Caller) -> dict[str, object]:
 
 
 @router.post("/join", status_code=201)
-def create_join_token(body: JoinTokenCreate, _: Admin, ctx: Ctx) -> JoinTokenCreated:
+def create_join_token(body: JoinTokenCreate, _: Admin, ctx: Ctx, request: Request) -> JoinTokenCreated:
     with tx(ctx) as db:
         token, row = auth.create_join_token(db, ctx.clock, body.expires_in_s, body.uses)
+    request.state.audit_target = f"join token #{row.id} (uses {body.uses}, expires in {body.expires_in_s}s)"
     expires_at = row.expires_at or to_datetime(ctx.clock.now() + body.expires_in_s)
     return JoinTokenCreated(token=token, id=row.id, expires_at=expires_at, uses=body.uses)
 

@@ -1,0 +1,37 @@
+"""Reading the audit log (admin only). There are deliberately no routes that change it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict
+
+from gpufleet.api.deps import Admin, Ctx, tx
+from gpufleet.auth import audit
+
+router = APIRouter(prefix="/audit", tags=["audit"])
+
+
+class AuditOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    at: datetime
+    actor: str
+    action: str
+    target: str
+    source: str
+    result: int
+
+
+@router.get("")
+def list_audit(
+    _: Admin,
+    ctx: Ctx,
+    since: Annotated[datetime | None, Query(description="only records at or after this time (ISO 8601)")] = None,
+    actor: Annotated[str | None, Query(max_length=160)] = None,
+    limit: Annotated[int, Query(ge=1, le=audit.MAX_LISTED)] = 1000,
+) -> list[AuditOut]:
+    with tx(ctx, readonly=True) as db:
+        return [AuditOut.model_validate(r) for r in audit.list_records(db, since=since, actor=actor, limit=limit)]

@@ -1,0 +1,52 @@
+"""Every mutating request and every login attempt leaves an audit record; none can be changed."""
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+
+def _records(client: TestClient, **params: Any) -> list[dict[str, Any]]:
+    response = client.get("/api/v1/audit", params=params)
+    assert response.status_code == 200
+    records: list[dict[str, Any]] = response.json()
+    return records
+
+
+def test_changes_and_refusals_are_recorded_with_actor_and_result(client: TestClient) -> None:
+    assert client.post("/api/v1/nodes", json={"names": ["gpu[001-002]"]}).status_code == 201
+    assert client.post("/api/v1/nodes", json={"names": ["gpu002"]}).status_code == 409
+    assert client.post("/api/v1/nodes", json={"names": ["x"]}, headers={"Authorization": ""}).status_code == 401
+    join = client.post("/api/v1/tokens/join", json={"expires_in_s": 60}).json()["token"]
+    client.post("/api/v1/agent/join", json={"name": "n1"}, headers={"Authorization": f"Bearer {join}"})
+    client.get("/api/v1/nodes")  # reads are not audited
+
+    rows = [(r["actor"], r["action"], r["target"], r["result"]) for r in reversed(_records(client))]
+    admin = "token:initial admin#1"
+    assert rows == [
+        (admin, "nodes.add_nodes", "gpu[001-002]", 201),
+        (admin, "nodes.add_nodes", "gpu002", 409),
+        ("anonymous", "nodes.add_nodes", "/api/v1/nodes", 401),  # refused before the body was read
+        (admin, "tokens.create_join_token", "join token #2 (uses 1, expires in 60s)", 201),
+        ("join-token#2", "agent.join", "n1", 200),
+    ]
+    assert all(r["source"] == "testclient" for r in _records(client))
+    assert [r["action"] for r in _records(client, actor="anonymous")] == ["nodes.add_nodes"]
+
+
+def test_web_logins_are_recorded(client: TestClient) -> None:
+    browser = TestClient(client.app)
+    browser.post("/login", data={"token": "wrong"})
+    token = client.headers["authorization"].split()[1]
+    browser.post("/login", data={"token": token}, follow_redirects=False)
+    rows = [(r["actor"], r["action"], r["result"]) for r in reversed(_records(client))]
+    assert rows == [("anonymous", "status_page.login", 401), ("token:initial admin#1", "status_page.login", 303)]
+
+
+def test_the_audit_log_cannot_be_changed_or_read_by_a_node(client: TestClient) -> None:
+    client.post("/api/v1/nodes", json={"names": ["n1"]})
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        assert client.request(method, "/api/v1/audit").status_code == 405
+    join = client.post("/api/v1/tokens/join", json={"expires_in_s": 60}).json()["token"]
+    node = client.post("/api/v1/agent/join", json={"name": "n2"}, headers={"Authorization": f"Bearer {join}"})
+    headers = {"Authorization": f"Bearer {node.json()['credential']}"}
+    assert client.get("/api/v1/audit", headers=headers).status_code == 403
