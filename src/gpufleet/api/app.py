@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
@@ -18,16 +18,27 @@ from gpufleet import __version__
 from gpufleet.api import errors
 from gpufleet.api.audit import AuditMiddleware
 from gpufleet.api.context import HeadContext
-from gpufleet.api.deps import require_admin
+from gpufleet.api.deps import allow
 from gpufleet.api.hub import ChannelHub
 from gpufleet.api.limits import BodySizeLimit
 from gpufleet.api.routers import agent, audit_log, nodes, status_page, tokens
+from gpufleet.auth.policy import Permission
 from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
 from gpufleet.workers.head_loops import HeadLoops
 
 log = logging.getLogger(__name__)
+API_PREFIX = "/api/v1"
+# Every router served under /api/v1. The route x role matrix test walks this tuple, so a router
+# cannot be served without its routes being checked against the policy table.
+API_ROUTERS: tuple[APIRouter, ...] = (
+    nodes.router,
+    tokens.router,
+    tokens.whoami_router,
+    agent.router,
+    audit_log.router,
+)
 
 
 def create_app(
@@ -66,16 +77,13 @@ def create_app(
     app.state.ctx = ctx
     errors.install(app)
 
-    api = APIRouter(prefix="/api/v1")
-    api.include_router(nodes.router)
-    api.include_router(tokens.router)
-    api.include_router(tokens.whoami_router)
-    api.include_router(audit_log.router)
-    api.include_router(agent.router)
+    api = APIRouter(prefix=API_PREFIX)
+    for router in API_ROUTERS:
+        api.include_router(router)
     app.include_router(api)
     app.include_router(status_page.router)
 
-    @app.get("/api/openapi.json", include_in_schema=False, dependencies=[Depends(require_admin)])
+    @app.get("/api/openapi.json", include_in_schema=False, dependencies=[allow(Permission.API_SCHEMA)])
     def openapi() -> dict[str, Any]:
         return get_openapi(title=app.title, version=app.version, routes=app.routes)
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from gpufleet.api.context import HeadContext
 from gpufleet.auth import service as auth
-from gpufleet.auth.models import TokenKind
+from gpufleet.auth.policy import Permission, allowed
 from gpufleet.auth.schemas import Principal
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import Forbidden, Unauthorized
@@ -62,17 +62,22 @@ def principal(request: Request, ctx: Ctx) -> Principal:
 Caller = Annotated[Principal, Depends(principal)]
 
 
-def require_admin(caller: Caller) -> Principal:
-    if caller.kind is not TokenKind.ADMIN:
-        raise Forbidden("this endpoint needs an admin token")
-    return caller
+class PermissionCheck:
+    """A dependency that lets the caller through only if the policy table grants `permission`.
+
+    Routes declare `_: Allowed[Permission.X]`-style parameters through `allow`; the route x role
+    matrix test reads `permission` back from each route, so no route goes without a decision.
+    """
+
+    def __init__(self, permission: Permission) -> None:
+        self.permission = permission
+
+    def __call__(self, caller: Caller) -> Principal:
+        if not allowed(caller.role, self.permission):
+            raise Forbidden(f"a {caller.role} may not do this ({self.permission})")
+        return caller
 
 
-def require_node(caller: Caller) -> Principal:
-    if caller.kind is not TokenKind.NODE or caller.node_id is None:
-        raise Forbidden("this endpoint is for node agents")
-    return caller
-
-
-Admin = Annotated[Principal, Depends(require_admin)]
-NodeCaller = Annotated[Principal, Depends(require_node)]
+def allow(permission: Permission) -> Any:
+    """`Annotated[Principal, allow(Permission.NODES_READ)]`: authenticate, then check the policy."""
+    return Depends(PermissionCheck(permission))

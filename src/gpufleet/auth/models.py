@@ -8,6 +8,7 @@ from datetime import datetime
 from sqlalchemy import Enum, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
+from gpufleet.auth.policy import Role
 from gpufleet.core.db import Base, UTCDateTime, enum_values
 
 
@@ -31,4 +32,8 @@ class ApiToken(Base):
     max_uses: Mapped[int | None] = mapped_column(Integer, default=None)
     uses: Mapped[int] = mapped_column(Integer, default=0)
     # The node table lives in the inventory domain, which sits above auth; the foreign key is by name.
+    # What an admin-kind API token may do (see auth.policy); node credentials are always `node`.
+    role: Mapped[Role] = mapped_column(
+        Enum(Role, native_enum=False, length=16, values_callable=enum_values), default=Role.ADMIN
+    )
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), default=None, index=True)

@@ -8,6 +8,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from gpufleet.auth.models import TokenKind
+from gpufleet.auth.policy import Role
 
 MAX_JOIN_TTL_S = 30 * 24 * 3600
 
@@ -43,6 +44,7 @@ class Principal:
     kind: TokenKind
     token_id: int
     node_id: int | None = None
+    role: Role = Role.VIEWER
     use_unrecorded: bool = False  # last use older than a minute: worth one write to record
     name: str = ""  # the token's name, or the node's, for the audit log
 

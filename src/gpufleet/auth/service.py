@@ -8,6 +8,7 @@ from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.auth.models import ApiToken, TokenKind
+from gpufleet.auth.policy import Role
 from gpufleet.auth.schemas import Principal
 from gpufleet.core import secrets
 from gpufleet.core.clock import Clock, to_datetime
@@ -50,6 +51,16 @@ def ensure_admin_token(session: Session, clock: Clock, bootstrap: str | None) ->
         return None
     token = secrets.new_token(secrets.ADMIN_PREFIX)
     _add(session, clock, TokenKind.ADMIN, "initial admin", token)
+    return token
+
+
+def create_api_token(session: Session, clock: Clock, name: str, role: Role, expires_in_s: int | None) -> str:
+    """An API token acting with `role` (see auth.policy). Users and their tokens arrive with issue 3."""
+    if role is Role.NODE:
+        raise InvalidInput("node credentials come from joining, not from token create")
+    token = secrets.new_token(secrets.ADMIN_PREFIX)
+    expires_at = to_datetime(clock.now() + expires_in_s) if expires_in_s else None
+    _add(session, clock, TokenKind.ADMIN, name, token, role=role, expires_at=expires_at)
     return token
 
 
@@ -100,7 +111,8 @@ def authenticate(session: Session, clock: Clock, token: str) -> Principal:
         row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION
     )
     name = row.name.removeprefix("node ") if row.kind is TokenKind.NODE else row.name
-    return Principal(kind=row.kind, token_id=row.id, node_id=row.node_id, use_unrecorded=stale, name=name)
+    role = Role.NODE if row.kind is TokenKind.NODE else row.role
+    return Principal(kind=row.kind, token_id=row.id, node_id=row.node_id, role=role, use_unrecorded=stale, name=name)
 
 
 def record_use(session: Session, clock: Clock, principal: Principal) -> None:

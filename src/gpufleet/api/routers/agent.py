@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Annotated
 
 from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
-from gpufleet.api.deps import Ctx, NodeCaller, authenticate, bearer_token, tx
+from gpufleet.api.deps import Ctx, allow, authenticate, bearer_token, tx
 from gpufleet.api.hub import Channel
 from gpufleet.auth import service as auth
 from gpufleet.auth.models import TokenKind
+from gpufleet.auth.policy import Permission
+from gpufleet.auth.schemas import Principal
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import GpufleetError, InvalidInput, NotFound, PayloadTooLarge, Unauthorized
 from gpufleet.inventory import service as inventory
@@ -58,7 +61,9 @@ def join(body: JoinRequest, request: Request, ctx: Ctx) -> JoinResponse:
 
 
 @router.put("/inventory", status_code=204)
-async def put_inventory(request: Request, caller: NodeCaller, ctx: Ctx) -> None:
+async def put_inventory(
+    request: Request, caller: Annotated[Principal, allow(Permission.AGENT_REPORT)], ctx: Ctx
+) -> None:
     """Replace the calling node's inventory. The node comes from the credential, never from the body."""
     raw = await request.body()
     if len(raw) > MAX_INVENTORY_BYTES:

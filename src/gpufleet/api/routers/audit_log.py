@@ -8,8 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict
 
-from gpufleet.api.deps import Admin, Ctx, tx
+from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.auth import audit
+from gpufleet.auth.policy import Permission
+from gpufleet.auth.schemas import Principal
 
 router = APIRouter(prefix="/audit", tags=["audit"])
 
@@ -27,7 +29,7 @@ class AuditOut(BaseModel):
 
 @router.get("")
 def list_audit(
-    _: Admin,
+    _: Annotated[Principal, allow(Permission.AUDIT_READ)],
     ctx: Ctx,
     since: Annotated[datetime | None, Query(description="only records at or after this time (ISO 8601)")] = None,
     actor: Annotated[str | None, Query(max_length=160)] = None,

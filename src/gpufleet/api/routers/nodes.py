@@ -6,7 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from gpufleet.api.deps import Admin, Ctx, tx
+from gpufleet.api.deps import Ctx, allow, tx
+from gpufleet.auth.policy import Permission
+from gpufleet.auth.schemas import Principal
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.schemas import NodeClone, NodeDetail, NodeOut, NodesCreate, NodeSettings
 from gpufleet.protocol.messages import CLOSE_NODE_GONE
@@ -16,7 +18,7 @@ router = APIRouter(prefix="/nodes", tags=["nodes"])
 
 @router.get("")
 def list_nodes(
-    _: Admin,
+    _: Annotated[Principal, allow(Permission.NODES_READ)],
     ctx: Ctx,
     names: Annotated[str | None, Query(description="hostlist filter, e.g. gpu[001-004]")] = None,
 ) -> list[NodeOut]:
@@ -25,7 +27,9 @@ def list_nodes(
 
 
 @router.post("", status_code=201)
-def add_nodes(body: NodesCreate, _: Admin, ctx: Ctx, request: Request) -> list[NodeOut]:
+def add_nodes(
+    body: NodesCreate, _: Annotated[Principal, allow(Permission.NODES_WRITE)], ctx: Ctx, request: Request
+) -> list[NodeOut]:
     request.state.audit_target = ",".join(body.names)
     settings = NodeSettings(category=body.category, labels=body.labels)
     with tx(ctx) as db:
@@ -34,7 +38,7 @@ def add_nodes(body: NodesCreate, _: Admin, ctx: Ctx, request: Request) -> list[N
 
 @router.delete("")
 def remove_nodes(
-    _: Admin,
+    _: Annotated[Principal, allow(Permission.NODES_WRITE)],
     ctx: Ctx,
     names: Annotated[str, Query(description="node names or a hostlist expression")],
 ) -> list[str]:
@@ -48,13 +52,15 @@ def remove_nodes(
 
 
 @router.get("/{name}")
-def show_node(name: str, _: Admin, ctx: Ctx) -> NodeDetail:
+def show_node(name: str, _: Annotated[Principal, allow(Permission.NODES_READ)], ctx: Ctx) -> NodeDetail:
     with tx(ctx, readonly=True) as db:
         return inventory.to_detail(db, inventory.get_node(db, name))
 
 
 @router.post("/{name}/clone", status_code=201)
-def clone_node(name: str, body: NodeClone, _: Admin, ctx: Ctx, request: Request) -> list[NodeOut]:
+def clone_node(
+    name: str, body: NodeClone, _: Annotated[Principal, allow(Permission.NODES_WRITE)], ctx: Ctx, request: Request
+) -> list[NodeOut]:
     request.state.audit_target = f"{name} -> {','.join(body.names)}"
     with tx(ctx) as db:
         return [inventory.to_out(n) for n in inventory.clone_node(db, ctx.clock, name, body.names)]

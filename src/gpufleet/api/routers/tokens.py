@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Request
 
-from gpufleet.api.deps import Admin, Caller, Ctx, tx
+from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.auth import service as auth
-from gpufleet.auth.schemas import JoinTokenCreate, JoinTokenCreated, TokenOut
+from gpufleet.auth.policy import Permission
+from gpufleet.auth.schemas import JoinTokenCreate, JoinTokenCreated, Principal, TokenOut
 from gpufleet.core.clock import to_datetime
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
@@ -14,13 +17,15 @@ whoami_router = APIRouter(tags=["tokens"])
 
 
 @whoami_router.get("/whoami")
-def whoami(caller: Caller) -> dict[str, object]:
+def whoami(caller: Annotated[Principal, allow(Permission.SELF_READ)]) -> dict[str, object]:
     """Who the presented token belongs to (used by `gpufleet login` to check a token)."""
     return {"kind": caller.kind, "token_id": caller.token_id, "node_id": caller.node_id}
 
 
 @router.post("/join", status_code=201)
-def create_join_token(body: JoinTokenCreate, _: Admin, ctx: Ctx, request: Request) -> JoinTokenCreated:
+def create_join_token(
+    body: JoinTokenCreate, _: Annotated[Principal, allow(Permission.TOKENS_WRITE)], ctx: Ctx, request: Request
+) -> JoinTokenCreated:
     with tx(ctx) as db:
         token, row = auth.create_join_token(db, ctx.clock, body.expires_in_s, body.uses)
     request.state.audit_target = f"join token #{row.id} (uses {body.uses}, expires in {body.expires_in_s}s)"
@@ -29,7 +34,7 @@ def create_join_token(body: JoinTokenCreate, _: Admin, ctx: Ctx, request: Reques
 
 
 @router.get("")
-def list_tokens(_: Admin, ctx: Ctx) -> list[TokenOut]:
+def list_tokens(_: Annotated[Principal, allow(Permission.TOKENS_READ)], ctx: Ctx) -> list[TokenOut]:
     with tx(ctx, readonly=True) as db:
         tokens = auth.list_tokens(db)
     return [

@@ -1,0 +1,44 @@
+"""Who may do what: the one policy table. Routes name a permission; only `api.deps.allow` checks it.
+
+Roles are the issue's: `admin` (everything), `operator` (nodes, join tokens; not users or the audit
+log), `member` and `viewer` (read the cluster; members will also run their projects' jobs), and
+`node`, which is what an agent's own credential is: it may only report for its own node.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Role(enum.StrEnum):
+    ADMIN = "admin"
+    OPERATOR = "operator"
+    MEMBER = "member"
+    VIEWER = "viewer"
+    NODE = "node"
+
+
+class Permission(enum.StrEnum):
+    SELF_READ = "self:read"  # who am I
+    API_SCHEMA = "api:schema"  # the OpenAPI document
+    NODES_READ = "nodes:read"
+    NODES_WRITE = "nodes:write"
+    TOKENS_READ = "tokens:read"
+    TOKENS_WRITE = "tokens:write"
+    AUDIT_READ = "audit:read"
+    AGENT_REPORT = "agent:report"  # a node reporting about itself
+
+
+_READ_CLUSTER = frozenset({Permission.SELF_READ, Permission.API_SCHEMA, Permission.NODES_READ})
+
+POLICY: dict[Role, frozenset[Permission]] = {
+    Role.ADMIN: frozenset(Permission) - {Permission.AGENT_REPORT},
+    Role.OPERATOR: _READ_CLUSTER | {Permission.NODES_WRITE, Permission.TOKENS_READ, Permission.TOKENS_WRITE},
+    Role.MEMBER: _READ_CLUSTER,
+    Role.VIEWER: _READ_CLUSTER,
+    Role.NODE: frozenset({Permission.AGENT_REPORT}),
+}
+
+
+def allowed(role: Role, permission: Permission) -> bool:
+    return permission in POLICY[role]
