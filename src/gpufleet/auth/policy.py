@@ -42,3 +42,20 @@ POLICY: dict[Role, frozenset[Permission]] = {
 
 def allowed(role: Role, permission: Permission) -> bool:
     return permission in POLICY[role]
+
+
+def policy_markdown() -> str:
+    """The policy table as Markdown, for docs/security.md (a test keeps that page equal to this)."""
+    roles = list(Role)
+    lines = [
+        "| permission | " + " | ".join(role.value for role in roles) + " |",
+        "|---|" + "---|" * len(roles),
+    ]
+    for permission in Permission:
+        marks = " | ".join("yes" if allowed(role, permission) else "" for role in roles)
+        lines.append(f"| `{permission.value}` | {marks} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(policy_markdown(), end="")
