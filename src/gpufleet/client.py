@@ -119,6 +119,33 @@ class HeadClient:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/audit", params=params)
         return result
 
+    def create_user_token(self, user: str, expires_in_s: int, scope: str) -> dict[str, Any]:
+        body = {"user": user, "expires_in_s": expires_in_s, "scope": scope}
+        result: dict[str, Any] = self._call("POST", "/api/v1/tokens/user", json=body)
+        return result
+
+    def revoke_token(self, token_id: int) -> None:
+        self._call("DELETE", f"/api/v1/tokens/{token_id}")
+
+    def list_users(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/users")
+        return result
+
+    def show_user(self, username: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/users/{username}")
+        return result
+
+    def create_user(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/users", json=spec)
+        return result
+
+    def update_user(self, username: str, change: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("PATCH", f"/api/v1/users/{username}", json=change)
+        return result
+
+    def delete_user(self, username: str) -> None:
+        self._call("DELETE", f"/api/v1/users/{username}")
+
     def list_tokens(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/tokens")
         return result

@@ -73,8 +73,9 @@ class PermissionCheck:
         self.permission = permission
 
     def __call__(self, caller: Caller) -> Principal:
-        if not allowed(caller.role, self.permission):
-            raise Forbidden(f"a {caller.role} may not do this ({self.permission})")
+        if not allowed(caller.role, self.permission, caller.scope):
+            who = f"a {caller.role}" + (" with a read-only token" if caller.scope == "read" else "")
+            raise Forbidden(f"{who} may not do this ({self.permission})")
         return caller
 
 

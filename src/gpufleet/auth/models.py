@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from datetime import datetime
 
-from sqlalchemy import Enum, ForeignKey, Integer, String
+from sqlalchemy import JSON, Boolean, Enum, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gpufleet.auth.policy import Role
@@ -16,6 +16,25 @@ class TokenKind(enum.StrEnum):
     ADMIN = "admin"  # full API access
     JOIN = "join"  # may only trade itself for a node credential, a limited number of times
     NODE = "node"  # an agent's own credential: may act only as its node
+
+
+class User(Base):
+    """A person: their role, their POSIX identity on the nodes, and their SSH keys."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    username: Mapped[str] = mapped_column(String(32), unique=True)
+    full_name: Mapped[str] = mapped_column(String(128), default="")
+    role: Mapped[Role] = mapped_column(Enum(Role, native_enum=False, length=16, values_callable=enum_values))
+    password_hash: Mapped[str | None] = mapped_column(String(256), default=None)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    uid: Mapped[int] = mapped_column(Integer, unique=True)
+    gid: Mapped[int] = mapped_column(Integer)
+    shell: Mapped[str] = mapped_column(String(128), default="/bin/bash")
+    ssh_keys: Mapped[list[str]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class ApiToken(Base):
@@ -36,4 +55,7 @@ class ApiToken(Base):
     role: Mapped[Role] = mapped_column(
         Enum(Role, native_enum=False, length=16, values_callable=enum_values), default=Role.ADMIN
     )
+    # A user's token acts as that user (their role); `scope` read limits it to reading.
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), default=None, index=True)
+    scope: Mapped[str] = mapped_column(String(8), default="write")
     node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), default=None, index=True)

@@ -25,11 +25,17 @@ class Permission(enum.StrEnum):
     NODES_WRITE = "nodes:write"
     TOKENS_READ = "tokens:read"
     TOKENS_WRITE = "tokens:write"
+    TOKENS_OWN = "tokens:own"  # API tokens for oneself (for others: users:write as well)
+    TOKENS_REVOKE = "tokens:revoke"
+    USERS_READ = "users:read"
+    USERS_WRITE = "users:write"
     AUDIT_READ = "audit:read"
     AGENT_REPORT = "agent:report"  # a node reporting about itself
 
 
-_READ_CLUSTER = frozenset({Permission.SELF_READ, Permission.API_SCHEMA, Permission.NODES_READ})
+_READ_CLUSTER = frozenset({Permission.SELF_READ, Permission.API_SCHEMA, Permission.NODES_READ, Permission.TOKENS_OWN})
+# What a token with scope "read" may still do, whatever its role.
+READ_SCOPE = frozenset(p for p in Permission if p.value.endswith(":read")) | {Permission.API_SCHEMA}
 
 POLICY: dict[Role, frozenset[Permission]] = {
     Role.ADMIN: frozenset(Permission) - {Permission.AGENT_REPORT},
@@ -40,7 +46,9 @@ POLICY: dict[Role, frozenset[Permission]] = {
 }
 
 
-def allowed(role: Role, permission: Permission) -> bool:
+def allowed(role: Role, permission: Permission, scope: str = "write") -> bool:
+    if scope == "read" and permission not in READ_SCOPE:
+        return False
     return permission in POLICY[role]
 
 

@@ -7,12 +7,12 @@ from datetime import timedelta
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
-from gpufleet.auth.models import ApiToken, TokenKind
+from gpufleet.auth.models import ApiToken, TokenKind, User
 from gpufleet.auth.policy import Role
 from gpufleet.auth.schemas import Principal
 from gpufleet.core import secrets
 from gpufleet.core.clock import Clock, to_datetime
-from gpufleet.core.errors import InvalidInput, Unauthorized
+from gpufleet.core.errors import InvalidInput, NotFound, Unauthorized
 
 # Recording last use on every request would turn reads into writes; once a minute is enough to audit.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
@@ -112,7 +112,51 @@ def authenticate(session: Session, clock: Clock, token: str) -> Principal:
     )
     name = row.name.removeprefix("node ") if row.kind is TokenKind.NODE else row.name
     role = Role.NODE if row.kind is TokenKind.NODE else row.role
-    return Principal(kind=row.kind, token_id=row.id, node_id=row.node_id, role=role, use_unrecorded=stale, name=name)
+    username = None
+    if row.user_id is not None:
+        user = session.get(User, row.user_id)
+        if user is None or not user.enabled:
+            raise Unauthorized("the token's user is disabled")
+        role, username = user.role, user.username
+    return Principal(
+        kind=row.kind,
+        token_id=row.id,
+        node_id=row.node_id,
+        role=role,
+        scope=row.scope,
+        user=username,
+        use_unrecorded=stale,
+        name=name,
+    )
+
+
+def create_user_token(
+    session: Session, clock: Clock, user: User, expires_in_s: int, scope: str
+) -> tuple[str, ApiToken]:
+    """An API token acting as `user` (with the user's role), read-only when `scope` is "read"."""
+    token = secrets.new_token(secrets.ADMIN_PREFIX)
+    row = _add(
+        session,
+        clock,
+        TokenKind.ADMIN,
+        user.username,
+        token,
+        role=user.role,
+        user_id=user.id,
+        scope=scope,
+        expires_at=to_datetime(clock.now() + expires_in_s),
+    )
+    return token, row
+
+
+def revoke_token(session: Session, clock: Clock, token_id: int) -> ApiToken:
+    """Revoke an API or join token. Raises NotFound for an unknown id (or a node credential)."""
+    row = session.get(ApiToken, token_id)
+    if row is None or row.kind is TokenKind.NODE:
+        raise NotFound(f"no such token: {token_id}")
+    if row.revoked_at is None:
+        row.revoked_at = to_datetime(clock.now())
+    return row
 
 
 def record_use(session: Session, clock: Clock, principal: Principal) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gpufleet import __version__
-from gpufleet.cli import audit, config, nodes, tokens
+from gpufleet.cli import audit, config, nodes, tokens, users
 from gpufleet.cli.state import CliState
 
 app = typer.Typer(
@@ -41,4 +41,5 @@ app.add_typer(nodes.app, name="node")
 app.add_typer(tokens.app, name="token")
 app.add_typer(config.app, name="config")
 app.add_typer(audit.app, name="audit")
+app.add_typer(users.app, name="user")
 app.command("login")(config.login)

@@ -8,9 +8,18 @@ from fastapi import APIRouter, Request
 
 from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.auth import service as auth
-from gpufleet.auth.policy import Permission
-from gpufleet.auth.schemas import JoinTokenCreate, JoinTokenCreated, Principal, TokenOut
+from gpufleet.auth import users
+from gpufleet.auth.policy import Permission, allowed
+from gpufleet.auth.schemas import (
+    JoinTokenCreate,
+    JoinTokenCreated,
+    Principal,
+    TokenOut,
+    UserTokenCreate,
+    UserTokenCreated,
+)
 from gpufleet.core.clock import to_datetime
+from gpufleet.core.errors import Forbidden
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
 whoami_router = APIRouter(tags=["tokens"])
@@ -33,10 +42,30 @@ def create_join_token(
     return JoinTokenCreated(token=token, id=row.id, expires_at=expires_at, uses=body.uses)
 
 
+@router.post("/user", status_code=201)
+def create_user_token(
+    body: UserTokenCreate, caller: Annotated[Principal, allow(Permission.TOKENS_OWN)], ctx: Ctx, request: Request
+) -> UserTokenCreated:
+    """An API token for a user: one's own, or anyone's with users:write."""
+    if caller.user != body.user and not allowed(caller.role, Permission.USERS_WRITE, caller.scope):
+        raise Forbidden("only admins create tokens for other users")
+    with tx(ctx) as db:
+        token, row = auth.create_user_token(db, ctx.clock, users.get_user(db, body.user), body.expires_in_s, body.scope)
+    request.state.audit_target = f"token #{row.id} for user {body.user} (scope {body.scope})"
+    return UserTokenCreated(token=token, id=row.id, expires_at=row.expires_at, scope=body.scope)
+
+
+@router.delete("/{token_id}", status_code=204)
+def revoke_token(token_id: int, _: Annotated[Principal, allow(Permission.TOKENS_REVOKE)], ctx: Ctx) -> None:
+    with tx(ctx) as db:
+        auth.revoke_token(db, ctx.clock, token_id)
+
+
 @router.get("")
 def list_tokens(_: Annotated[Principal, allow(Permission.TOKENS_READ)], ctx: Ctx) -> list[TokenOut]:
     with tx(ctx, readonly=True) as db:
         tokens = auth.list_tokens(db)
+        names = {u.id: u.username for u in users.list_users(db)}
     return [
         TokenOut(
             id=t.id,
@@ -48,6 +77,8 @@ def list_tokens(_: Annotated[Principal, allow(Permission.TOKENS_READ)], ctx: Ctx
             last_used_at=t.last_used_at,
             uses=t.uses,
             max_uses=t.max_uses,
+            user=names.get(t.user_id) if t.user_id is not None else None,
+            scope=t.scope,
         )
         for t in tokens
     ]
