@@ -146,6 +146,30 @@ class HeadClient:
     def delete_user(self, username: str) -> None:
         self._call("DELETE", f"/api/v1/users/{username}")
 
+    def list_projects(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/projects")
+        return result
+
+    def show_project(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/projects/{name}")
+        return result
+
+    def create_project(self, name: str, description: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/projects", json={"name": name, "description": description})
+        return result
+
+    def add_project_member(self, name: str, user: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/projects/{name}/members", json={"user": user})
+        return result
+
+    def remove_project_member(self, name: str, user: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("DELETE", f"/api/v1/projects/{name}/members/{user}")
+        return result
+
+    def set_project_quota(self, name: str, quota: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("PUT", f"/api/v1/projects/{name}/quota", json=quota)
+        return result
+
     def list_tokens(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/tokens")
         return result

@@ -59,3 +59,19 @@ def test_user_lifecycle_and_scoped_tokens(head: Head, tmp_path: Path) -> None:
     assert run_cli(tmp_path, "node", "list", server=head.url, token=read).returncode == 5
     actors = {r["actor"] for r in cli_json(tmp_path, head.url, "audit", "list")}
     assert "user:alice" in actors
+
+
+def test_project_commands(head: Head, tmp_path: Path) -> None:
+    assert run_cli(tmp_path, "user", "create", "bob", "--no-password", server=head.url).returncode == 0
+    assert (
+        run_cli(tmp_path, "project", "create", "vision", "--description", "image models", server=head.url).returncode
+        == 0
+    )
+    assert run_cli(tmp_path, "project", "add-member", "vision", "bob", server=head.url).returncode == 0
+    shown = cli_json(tmp_path, head.url, "project", "set-quota", "vision", "--max-gpus", "16", "--gpu-hours", "5000")
+    assert (shown["members"], shown["max_gpus"], shown["gpu_hours_budget"]) == (["bob"], 16, 5000.0)
+    lifted = cli_json(tmp_path, head.url, "project", "set-quota", "vision", "--gpu-hours", "none")
+    assert (lifted["max_gpus"], lifted["gpu_hours_budget"]) == (16, None)
+    bad = run_cli(tmp_path, "project", "set-quota", "vision", "--max-gpus", "-3", server=head.url)
+    assert bad.returncode == 2
+    assert cli_json(tmp_path, head.url, "project", "list")[0]["max_gpus"] == 16

@@ -21,7 +21,7 @@ from gpufleet.api.context import HeadContext
 from gpufleet.api.deps import allow
 from gpufleet.api.hub import ChannelHub
 from gpufleet.api.limits import BodySizeLimit
-from gpufleet.api.routers import agent, audit_log, nodes, status_page, tokens, users
+from gpufleet.api.routers import agent, audit_log, nodes, projects, status_page, tokens, users
 from gpufleet.auth.policy import Permission
 from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.config import Settings
@@ -39,6 +39,7 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     agent.router,
     audit_log.router,
     users.router,
+    projects.router,
 )
 
 

@@ -29,11 +29,21 @@ class Permission(enum.StrEnum):
     TOKENS_REVOKE = "tokens:revoke"
     USERS_READ = "users:read"
     USERS_WRITE = "users:write"
+    PROJECTS_READ = "projects:read"
+    PROJECTS_WRITE = "projects:write"
     AUDIT_READ = "audit:read"
     AGENT_REPORT = "agent:report"  # a node reporting about itself
 
 
-_READ_CLUSTER = frozenset({Permission.SELF_READ, Permission.API_SCHEMA, Permission.NODES_READ, Permission.TOKENS_OWN})
+_READ_CLUSTER = frozenset(
+    {
+        Permission.SELF_READ,
+        Permission.API_SCHEMA,
+        Permission.NODES_READ,
+        Permission.PROJECTS_READ,
+        Permission.TOKENS_OWN,
+    }
+)
 # What a token with scope "read" may still do, whatever its role.
 READ_SCOPE = frozenset(p for p in Permission if p.value.endswith(":read")) | {Permission.API_SCHEMA}
 

@@ -119,3 +119,36 @@ class UserTokenCreate(BaseModel):
     user: str
     expires_in_s: int = Field(30 * 24 * 3600, ge=60, le=366 * 24 * 3600)
     scope: Literal["read", "write"] = "write"
+
+
+class ProjectCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=63)]
+    description: Annotated[str, StringConstraints(max_length=512)] = ""
+
+
+class ProjectMemberChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
+class ProjectQuota(BaseModel):
+    """Both quotas at once; null means unlimited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_gpus: int | None = Field(default=None, ge=0, le=1_000_000)
+    gpu_hours_budget: float | None = Field(default=None, ge=0, le=1e12)
+    budget_period: Literal["week", "month", "quarter"] | None = None
+
+
+class ProjectOut(BaseModel):
+    name: str
+    description: str
+    members: list[str]
+    max_gpus: int | None
+    gpu_hours_budget: float | None
+    budget_period: str
+    created_at: datetime

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gpufleet import __version__
-from gpufleet.cli import audit, config, nodes, tokens, users
+from gpufleet.cli import audit, config, nodes, projects, tokens, users
 from gpufleet.cli.state import CliState
 
 app = typer.Typer(
@@ -42,4 +42,5 @@ app.add_typer(tokens.app, name="token")
 app.add_typer(config.app, name="config")
 app.add_typer(audit.app, name="audit")
 app.add_typer(users.app, name="user")
+app.add_typer(projects.app, name="project")
 app.command("login")(config.login)

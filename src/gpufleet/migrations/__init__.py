@@ -17,6 +17,7 @@ def metadata() -> MetaData:
     """All tables, for Alembic's autogenerate and the migration check in the tests."""
     from gpufleet.auth import audit as _audit  # noqa: F401
     from gpufleet.auth import models as _auth  # noqa: F401
+    from gpufleet.auth import projects as _projects  # noqa: F401
     from gpufleet.core import leases as _leases  # noqa: F401
     from gpufleet.core.db import Base
     from gpufleet.inventory import models as _inventory  # noqa: F401
