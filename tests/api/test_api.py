@@ -39,7 +39,7 @@ def test_node_lifecycle(client: TestClient) -> None:
     assert dup.status_code == 409
     assert "gpu003" in dup.json()["detail"]
     bad = client.post("/api/v1/nodes", json={"names": ["gpu[1-"]})
-    assert bad.status_code == 422
+    assert bad.status_code == 400
     cloned = client.post("/api/v1/nodes/gpu001/clone", json={"names": ["gpu004"]})
     assert cloned.status_code == 201
     assert cloned.json()[0]["category"] == "h200"
@@ -106,9 +106,9 @@ def test_node_credential_acts_only_as_its_node(client: TestClient) -> None:
 @pytest.mark.parametrize(
     ("body", "status", "reason"),
     [
-        (b"{not json", 422, "malformed inventory"),
-        (b'{"hostname": "h", "cpus": -1, "memory_total_mib": 1}', 422, "cpus"),
-        (b'{"hostname": "h", "cpus": 1, "memory_total_mib": 1, "extra": 1}', 422, "extra"),
+        (b"{not json", 400, "malformed inventory"),
+        (b'{"hostname": "h", "cpus": -1, "memory_total_mib": 1}', 400, "cpus"),
+        (b'{"hostname": "h", "cpus": 1, "memory_total_mib": 1, "extra": 1}', 400, "extra"),
         (b'{"hostname": "' + b"h" * 70_000 + b'"}', 413, "larger than"),
     ],
 )
@@ -142,10 +142,10 @@ def test_status_page_requires_login(client: TestClient) -> None:
     assert "2 nodes" in page.text
 
 
-def test_duplicate_gpu_indexes_are_a_422(client: TestClient) -> None:
+def test_duplicate_gpu_indexes_are_a_400(client: TestClient) -> None:
     credential = _join(client, "n1")
     gpu = {"index": 0, "uuid": "GPU-1", "model": "NVIDIA H200", "pci_bus_id": "0:1:0.0", "memory_total_mib": 1}
     body = {"hostname": "h", "cpus": 1, "memory_total_mib": 1, "gpus": [gpu, gpu | {"uuid": "GPU-2"}]}
     response = client.put("/api/v1/agent/inventory", json=body, headers={"Authorization": f"Bearer {credential}"})
-    assert response.status_code == 422
+    assert response.status_code == 400
     assert "unique" in response.json()["detail"]

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -30,6 +31,25 @@ from gpufleet.workers.head_loops import HeadLoops
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
+
+
+class ErrorOut(BaseModel):
+    detail: str
+
+
+# Every API route may answer with gpufleet's own errors; documented so clients (and schemathesis) know.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut, "description": text}
+    for code, text in {
+        400: "invalid input",
+        401: "no or bad credential",
+        403: "not allowed",
+        404: "not found",
+        409: "conflict",
+        413: "too large",
+        503: "a dependency is unavailable",
+    }.items()
+}
 # Every router served under /api/v1. The route x role matrix test walks this tuple, so a router
 # cannot be served without its routes being checked against the policy table.
 API_ROUTERS: tuple[APIRouter, ...] = (
@@ -79,7 +99,7 @@ def create_app(
     app.state.ctx = ctx
     errors.install(app)
 
-    api = APIRouter(prefix=API_PREFIX)
+    api = APIRouter(prefix=API_PREFIX, responses=ERROR_RESPONSES)
     for router in API_ROUTERS:
         api.include_router(router)
     app.include_router(api)

@@ -11,9 +11,10 @@ class GpufleetError(Exception):
 
 
 class InvalidInput(GpufleetError):
-    """The request or command is malformed (bad hostlist, bad value)."""
+    """The request or command is malformed (bad hostlist, bad value). 400, not 422: 422 is FastAPI's
+    schema-validation answer, with its own documented body shape."""
 
-    http_status = 422
+    http_status = 400
     exit_code = 2
 
 
