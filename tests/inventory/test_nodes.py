@@ -51,7 +51,7 @@ def test_remove_is_all_or_nothing(sessions: sessionmaker[Session], clock: FakeCl
         inventory.remove_nodes(s, ["n1", "n9"])
     with transaction(sessions) as s:
         assert len(inventory.list_nodes(s)) == 3
-        assert inventory.remove_nodes(s, ["n[1-2]"]) == ["n1", "n2"]
+        assert list(inventory.remove_nodes(s, ["n[1-2]"])) == ["n1", "n2"]
     with transaction(sessions) as s:
         assert [n.name for n in inventory.list_nodes(s)] == ["n3"]
 

@@ -53,13 +53,9 @@ def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
     return uvicorn.Server(config), new_token
 
 
-async def serve(server: uvicorn.Server) -> None:
-    await server.serve()
-
-
 def run(settings: Settings, announce: bool = True) -> None:
     server, token = prepare(settings)
     if token is not None and announce:
         print(f"Admin token (shown once, store it now): {token}", flush=True)
     gc_tuning.tune_for_long_running()
-    asyncio.run(serve(server))
+    asyncio.run(server.serve())

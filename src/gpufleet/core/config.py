@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from gpufleet.core.errors import ConfigError
+from gpufleet.core.errors import ConfigError, describe
 
 DEFAULT_CONFIG_FILE = Path("/etc/gpufleet/gpufleet.toml")
 
@@ -178,9 +178,7 @@ def load_settings(config_file: Path | None = None, client_file: Path | None = No
     try:
         return _Loaded(**overrides)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "settings"
-        raise ConfigError(f"invalid setting {where}: {first['msg']}") from None
+        raise ConfigError(f"invalid setting {describe(exc, 'settings')}") from None
 
 
 def write_client_file(path: Path, server: str, token: str) -> None:

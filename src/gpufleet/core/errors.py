@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
+
+def describe(exc: ValidationError, default_where: str = "") -> str:
+    """The first problem of a pydantic error as one line: `field.path: message`."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or default_where
+    return f"{where}: {first['msg']}" if where else str(first["msg"])
+
 
 class GpufleetError(Exception):
     """Base of every error gpufleet raises on purpose; its message is meant for the user."""

@@ -37,8 +37,6 @@ class NodeClone(BaseModel):
 
 
 class NodeOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
     name: str
     state: NodeState
     state_since: datetime

@@ -74,17 +74,20 @@ def list_nodes(session: Session, expressions: list[str] | None = None) -> list[N
     return list(session.scalars(select(Node).order_by(Node.name)))
 
 
-def remove_nodes(session: Session, expressions: list[str]) -> list[str]:
-    """Delete nodes with their GPUs, history and credentials. All or nothing: NotFound if any is unknown."""
+def remove_nodes(session: Session, expressions: list[str]) -> dict[str, int]:
+    """Delete nodes with their GPUs, history and credentials; returns their ids by name, in order.
+
+    All or nothing: raises NotFound if any is unknown."""
     names = expand_names(expressions)
     found = _by_names(session, names)
     missing = [n for n in names if n not in found]
     if missing:
         raise NotFound(f"no such node: {hostlist.collect(missing)}")
+    removed = {name: found[name].id for name in names}
     for node in found.values():
         session.delete(node)
     session.flush()
-    return names
+    return removed
 
 
 def clone_node(session: Session, clock: Clock, source: str, expressions: list[str]) -> list[Node]:
@@ -106,6 +109,14 @@ def join(session: Session, clock: Clock, name: str) -> Node:
             raise Conflict(f"node {name} is up with another agent; stop it or remove the node first")
         return node
     return add_nodes(session, clock, [name], NodeSettings())[0]
+
+
+def report_inventory(session: Session, clock: Clock, node_id: int, inventory: NodeInventory) -> bool:
+    """A node's own report. Raises NotFound if the node was removed meanwhile."""
+    node = session.get(Node, node_id)
+    if node is None:
+        raise NotFound("node no longer exists")
+    return apply_inventory(session, clock, node, inventory)
 
 
 def apply_inventory(session: Session, clock: Clock, node: Node, inventory: NodeInventory) -> bool:

@@ -21,6 +21,7 @@ from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.inventory import inventory_source
 from gpufleet.client import AgentHttp
 from gpufleet.core.errors import GpufleetError, InvalidInput
+from gpufleet.protocol.inventory import MAX_GPUS_PER_NODE
 from gpufleet.sim.host import simulated_host
 from gpufleet.sim.nvml import SimulatedNvml
 
@@ -61,8 +62,8 @@ class Simulation:
         opts = self.options
         if not 1 <= opts.nodes <= MAX_NODES:
             raise InvalidInput(f"--nodes must be between 1 and {MAX_NODES}")
-        if not 0 <= opts.gpus_per_node <= 64:
-            raise InvalidInput("--gpus-per-node must be between 0 and 64")
+        if not 0 <= opts.gpus_per_node <= MAX_GPUS_PER_NODE:
+            raise InvalidInput(f"--gpus-per-node must be between 0 and {MAX_GPUS_PER_NODE}")
         self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
         http = AgentHttp(opts.server, self._http)
         for name in node_names(opts.nodes, opts.prefix):

@@ -57,7 +57,6 @@ class HeadLoops:
     book: HeartbeatBook = field(default_factory=HeartbeatBook)
     holder: str = field(default_factory=replica_id)
     on_durable: OnDurable = lambda _receipts: None
-    on_change: Callable[[Change], None] = lambda _change: None
     leader_since: float | None = None
     lease_valid_until: float = 0.0
     view: dict[int, UpNode] | None = None
@@ -148,7 +147,6 @@ class HeadLoops:
         def report(changes: list[Change]) -> None:
             for change in changes:
                 log.info("node %s is %s: %s", change.name, change.to_state, change.reason)
-                self.on_change(change)
 
         async def flush_step() -> None:
             report(await in_loop_thread(self.flush_once))

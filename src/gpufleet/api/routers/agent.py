@@ -17,9 +17,8 @@ from gpufleet.auth.models import TokenKind
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.core.db import transaction
-from gpufleet.core.errors import GpufleetError, InvalidInput, NotFound, PayloadTooLarge, Unauthorized
+from gpufleet.core.errors import GpufleetError, InvalidInput, NotFound, PayloadTooLarge, Unauthorized, describe
 from gpufleet.inventory import service as inventory
-from gpufleet.inventory.models import Node
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.messages import (
     CLOSE_BAD_MESSAGE,
@@ -71,14 +70,16 @@ async def put_inventory(
     try:
         report = NodeInventory.model_validate_json(raw)
     except ValidationError as exc:
-        raise InvalidInput(f"malformed inventory: {_first_error(exc)}") from None
+        raise InvalidInput(f"malformed inventory: {describe(exc)}") from None
 
     def store() -> None:
-        with transaction(ctx.sessions) as session:
-            node = session.get(Node, caller.node_id)
-            if node is None:
-                raise Unauthorized("node no longer exists")
-            inventory.apply_inventory(session, ctx.clock, node, report)
+        if caller.node_id is None:  # the node role is only ever a node credential's; be explicit anyway
+            raise Unauthorized("not a node credential")
+        try:
+            with transaction(ctx.sessions) as session:
+                inventory.report_inventory(session, ctx.clock, caller.node_id, report)
+        except NotFound:
+            raise Unauthorized("node no longer exists") from None
 
     await asyncio.to_thread(store)
 
@@ -126,12 +127,6 @@ async def channel(ws: WebSocket) -> None:
             await ws.close(code=closing[0], reason=closing[1][:120])
 
 
-def _first_error(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return f"{where}: {first['msg']}" if where else str(first["msg"])
-
-
 async def _serve(ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None) -> tuple[int, str] | None:
     """Read the agent's messages until it goes; returns the close code and reason for a protocol error."""
     interval: float | None = None
@@ -145,7 +140,7 @@ async def _serve(ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None
         try:
             message = agent_message_adapter.validate_json(text)
         except ValidationError as exc:
-            return CLOSE_BAD_MESSAGE, f"malformed message: {_first_error(exc)}"
+            return CLOSE_BAD_MESSAGE, f"malformed message: {describe(exc)}"
         if isinstance(message, Hello):
             interval = message.heartbeat_interval_s
             wanted = message.inventory_fingerprint is None or message.inventory_fingerprint != fingerprint

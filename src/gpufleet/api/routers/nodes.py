@@ -43,12 +43,12 @@ def remove_nodes(
     names: Annotated[str, Query(description="node names or a hostlist expression")],
 ) -> list[str]:
     with tx(ctx) as db:
-        ids = [n.id for n in inventory.list_nodes(db, [names])]
         removed = inventory.remove_nodes(db, [names])
+    ids = list(removed.values())
     for node_id in ids:
         ctx.loops.book.forget(node_id)
     ctx.hub.disconnect(ids, CLOSE_NODE_GONE, "node removed from gpufleet")
-    return removed
+    return list(removed)
 
 
 @router.get("/{name}")
