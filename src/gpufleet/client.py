@@ -6,10 +6,12 @@ httpx exception or a status code.
 
 from __future__ import annotations
 
+import ssl
 from datetime import datetime
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from gpufleet.core.errors import (
     Conflict,
@@ -20,7 +22,9 @@ from gpufleet.core.errors import (
     PayloadTooLarge,
     Unauthorized,
     Unavailable,
+    describe,
 )
+from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.messages import JoinRequest, JoinResponse
 
@@ -59,10 +63,16 @@ def raise_for(response: httpx.Response) -> None:
 class HeadClient:
     """The CLI's client. Each method is one API call and returns decoded JSON."""
 
-    def __init__(self, server: str, token: str | None, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        server: str,
+        token: str | None,
+        transport: httpx.BaseTransport | None = None,
+        verify: ssl.SSLContext | bool = True,
+    ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.server = server
-        self._http = httpx.Client(base_url=server, headers=headers, timeout=TIMEOUT, transport=transport)
+        self._http = httpx.Client(base_url=server, headers=headers, timeout=TIMEOUT, transport=transport, verify=verify)
 
     def close(self) -> None:
         self._http.close()
@@ -77,6 +87,11 @@ class HeadClient:
 
     def health(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", "/healthz")
+        return result
+
+    def password_login(self, username: str, password: str, expires_in_s: int) -> dict[str, Any]:
+        body = {"username": username, "password": password, "expires_in_s": expires_in_s}
+        result: dict[str, Any] = self._call("POST", "/api/v1/login", json=body)
         return result
 
     def whoami(self) -> dict[str, Any]:
@@ -206,3 +221,24 @@ class AgentHttp:
             content=inventory.model_dump_json(),
             extra_headers={"Content-Type": "application/json"},
         )
+
+    async def get_accounts(self, credential: str, etag: str | None) -> AccountList | None:
+        """The cluster users' accounts, or None if they still have version `etag` (the head answers 304).
+
+        Raises Unavailable when the head cannot be reached or answers with a list this agent cannot read,
+        and the error tree's class (Unauthorized, Forbidden, ...) when it refuses.
+        """
+        headers = {"Authorization": f"Bearer {credential}"}
+        if etag is not None:
+            headers["If-None-Match"] = f'"{etag}"'
+        try:
+            response = await self._http.get(self.server + "/api/v1/agent/accounts", headers=headers, timeout=TIMEOUT)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"cannot reach the head node at {self.server}: {exc!r}") from None
+        if response.status_code == 304:  # not a success to raise_for, but exactly what we asked for
+            return None
+        raise_for(response)
+        try:
+            return AccountList.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise Unavailable(f"the head sent an account list this agent cannot read: {describe(exc)}") from None

@@ -1,7 +1,8 @@
 """`gpufleet demo`: a head node on SQLite and simulated H200 nodes in one process.
 
-The data directory is kept between runs: the same database, the same admin token (kept in a 0600
-file so it can be printed again) and the same node credentials, so a second run just resumes.
+The data directory is kept between runs: the same database, the same admin token and web password
+(kept in 0600 files so they can be printed again) and the same node credentials, so a second run
+just resumes.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets as _secrets
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -23,16 +26,17 @@ from gpufleet.core.errors import ConfigError
 from gpufleet.sim.runner import SimOptions, Simulation
 
 
-def _admin_token(data_dir: Path) -> str:
-    path = data_dir / "admin-token"
+def _kept_secret(data_dir: Path, name: str, make: Callable[[], str]) -> str:
+    """A secret made on the first run and kept in a 0600 file, so later runs can print it again."""
+    path = data_dir / name
     if path.exists():
         return path.read_text().strip()
     data_dir.mkdir(parents=True, exist_ok=True)
-    token = secrets.new_token(secrets.ADMIN_PREFIX)
+    value = make()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
-        fh.write(token + "\n")
-    return token
+        fh.write(value + "\n")
+    return value
 
 
 def _point_cli_at(url: str, token: str) -> str:
@@ -50,7 +54,8 @@ def _point_cli_at(url: str, token: str) -> str:
 
 
 def run_demo(cli: CliState, data_dir: Path, listen: str, nodes: int, gpus_per_node: int) -> None:
-    token = _admin_token(data_dir)
+    token = _kept_secret(data_dir, "admin-token", lambda: secrets.new_token(secrets.ADMIN_PREFIX))
+    password = _kept_secret(data_dir, "admin-password", lambda: _secrets.token_urlsafe(12))
     # The demo always runs on its own SQLite file, whatever GPUFLEET_DATABASE_URL or a config file says.
     database_url = f"sqlite:///{data_dir / 'gpufleet.db'}"
     settings = cli.settings(data_dir=data_dir, listen=listen, bootstrap_token=token, database_url=database_url)
@@ -69,10 +74,16 @@ def run_demo(cli: CliState, data_dir: Path, listen: str, nodes: int, gpus_per_no
             response = await http.post("/api/v1/tokens/join", json={"expires_in_s": 3600, "uses": nodes})
             raise_for(response)
             join_token = response.json()["token"]
+            # A user for the web login; 409 on later runs, when it exists already.
+            response = await http.post(
+                "/api/v1/users", json={"username": "admin", "role": "admin", "password": password}
+            )
+            if response.status_code != 409:
+                raise_for(response)
         saved = _point_cli_at(url, token)
         typer.echo(
             f"\ngpufleet demo is running: {nodes} simulated nodes x {gpus_per_node} H200\n"
-            f"  status page : {url}/  (log in with the admin token)\n"
+            f"  status page : {url}/  (user admin, password {password})\n"
             f"  admin token : {token}\n"
             f"  data dir    : {data_dir}\n"
             f"  CLI         : {saved}\n"

@@ -33,18 +33,49 @@ def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-@app.command("server")
+server_app = typer.Typer(help="The head node: run it, or prepare its TLS certificates.", no_args_is_help=False)
+app.add_typer(server_app, name="server")
+
+
+@server_app.callback(invoke_without_command=True)
 def server(
     ctx: typer.Context,
     data_dir: Annotated[Path | None, typer.Option(help="state directory (env GPUFLEET_DATA_DIR)")] = None,
     listen: Annotated[str | None, typer.Option(help="HOST:PORT (env GPUFLEET_LISTEN)")] = None,
 ) -> None:
-    """Run the head node: API, agent channels, liveness."""
+    """Run the head node: API, agent channels, liveness. HTTPS once `gpufleet server init` has run."""
+    if ctx.invoked_subcommand is not None:
+        return
     settings = state(ctx).settings(data_dir=data_dir, listen=listen)
     _logging(settings.log_level)
     from gpufleet.api.server import run
 
     run(settings)
+
+
+@server_app.command("init")
+def server_init(
+    ctx: typer.Context,
+    data_dir: Annotated[Path | None, typer.Option(help="state directory (env GPUFLEET_DATA_DIR)")] = None,
+    san: Annotated[
+        list[str] | None,
+        typer.Option("--san", help="host name or IP agents use to reach the head (repeat; default: this host's)"),
+    ] = None,
+    reissue: Annotated[bool, typer.Option(help="issue a new server certificate with the same CA")] = False,
+) -> None:
+    """Create the cluster CA and the head's server certificate in DATA_DIR/tls (the CA is kept if present)."""
+    settings = state(ctx).settings(data_dir=data_dir)
+    from gpufleet.api.pki import default_names, init_pki
+
+    names = [*(san or []), *default_names()]
+    result = init_pki(settings.data_dir / "tls", names, reissue=reissue)
+    made = "created" if result.created_ca else "kept"
+    typer.echo(f"CA {made}: {result.files.ca_cert}\n  fingerprint: {result.ca_fingerprint}")
+    if result.issued_cert:
+        typer.echo(f"server certificate issued: {result.files.cert}\n  names: {', '.join(result.names)}")
+    else:
+        typer.echo(f"server certificate kept: {result.files.cert} (--reissue for a new one)")
+    typer.echo("`gpufleet server` now serves HTTPS; new join tokens carry the CA fingerprint for agents to pin.")
 
 
 @app.command("agent")
@@ -86,12 +117,17 @@ def sim(
     """Run N simulated GPU nodes: real agent code over a simulated NVML."""
     settings = state(ctx).settings(server=server)
     _logging(settings.log_level)
+    from gpufleet.agent.trust import head_context
+    from gpufleet.core.tls import split_join_token
     from gpufleet.sim.runner import SimOptions, Simulation
 
+    secret, pin = split_join_token(join_token) if join_token else (None, None)
+    context = asyncio.run(head_context(settings.server, pin, state_dir, settings.ca_file, settings.insecure_http))
     simulation = Simulation(
         SimOptions(
             server=settings.server,
-            join_token=join_token,
+            join_token=secret,
+            tls_context=context,
             nodes=nodes,
             gpus_per_node=gpus_per_node,
             gpu_model=gpu_model,

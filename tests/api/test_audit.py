@@ -33,15 +33,6 @@ def test_changes_and_refusals_are_recorded_with_actor_and_result(client: TestCli
     assert [r["action"] for r in _records(client, actor="anonymous")] == ["nodes.add_nodes"]
 
 
-def test_web_logins_are_recorded(client: TestClient) -> None:
-    browser = TestClient(client.app)
-    browser.post("/login", data={"token": "wrong"})
-    token = client.headers["authorization"].split()[1]
-    browser.post("/login", data={"token": token}, follow_redirects=False)
-    rows = [(r["actor"], r["action"], r["result"]) for r in reversed(_records(client))]
-    assert rows == [("anonymous", "status_page.login", 401), ("token:initial admin#1", "status_page.login", 303)]
-
-
 def test_the_audit_log_cannot_be_changed_or_read_by_a_node(client: TestClient) -> None:
     client.post("/api/v1/nodes", json={"names": ["n1"]})
     for method in ("POST", "PUT", "PATCH", "DELETE"):

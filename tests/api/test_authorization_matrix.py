@@ -22,6 +22,7 @@ from gpufleet.core.db import transaction
 # Routes authenticated by something other than the policy table, and why.
 OTHERWISE_AUTHENTICATED = {
     ("POST", "/api/v1/agent/join"): "takes a join token, spent by the route itself",
+    ("POST", "/api/v1/login"): "takes a user name and password, checked by auth.identity",
 }
 
 

@@ -68,3 +68,29 @@ def test_bad_config_is_one_clear_error(tmp_path: Path, content: str, message: st
 def test_missing_explicit_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope.toml")
+
+
+def test_a_toml_table_is_a_prefix(tmp_path: Path) -> None:
+    config = tmp_path / "gpufleet.toml"
+    config.write_text('[accounts]\nsync = true\ninterval_s = 30\n\n[tls]\ncert = "/etc/c.pem"\nkey = "/etc/k.pem"\n')
+    settings = load_settings(config)
+    assert settings.accounts_sync is True
+    assert settings.accounts_interval_s == 30
+    assert settings.tls_cert == Path("/etc/c.pem")
+    config.write_text("[accounts]\nsynk = true\n")
+    with pytest.raises(ConfigError, match="accounts_synk"):
+        load_settings(config)
+
+
+def test_tls_needs_both_certificate_and_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="both tls_cert and tls_key"):
+        load_settings(data_dir=tmp_path, tls_cert=tmp_path / "c.pem").effective_tls()
+    assert load_settings(data_dir=tmp_path).effective_tls() is None
+
+
+def test_every_setting_is_documented() -> None:
+    from gpufleet.core.config import Settings
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    missing = [name for name in Settings.model_fields if f"| `{name}` |" not in page]
+    assert missing == []

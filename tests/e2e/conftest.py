@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -43,13 +44,26 @@ class Head:
     database_url: str | None = None
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    tls: bool = False  # `gpufleet server init` first, then serve HTTPS
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.tmp / "head" / "tls" / "ca.pem"
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        return ssl.create_default_context(cafile=str(self.ca_file)) if self.tls else True
 
     def start(self, wait: bool = True) -> Head:
         env = base_env(self.tmp) | {"GPUFLEET_BOOTSTRAP_TOKEN": ADMIN}
+        if self.tls and not self.ca_file.exists():
+            subprocess.run(
+                [*GPUFLEET, "server", "init", "--data-dir", str(self.tmp / "head")], env=env, check=True, timeout=60
+            )
         if self.database_url:
             env["GPUFLEET_DATABASE_URL"] = self.database_url
         log = (self.tmp / f"server-{self.port}.log").open("ab")
@@ -70,7 +84,7 @@ class Head:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited: {self.log()}")
             try:
-                response = httpx.get(self.url + "/healthz", timeout=2)
+                response = httpx.get(self.url + "/healthz", timeout=2, verify=self.verify)
                 if response.status_code == 200:
                     result: dict[str, Any] = response.json()
                     return result
@@ -80,7 +94,7 @@ class Head:
         raise AssertionError(f"server not healthy in {timeout}s: {self.log()}")
 
     def health(self) -> dict[str, Any]:
-        result: dict[str, Any] = httpx.get(self.url + "/healthz", timeout=5).json()
+        result: dict[str, Any] = httpx.get(self.url + "/healthz", timeout=5, verify=self.verify).json()
         return result
 
     def log(self) -> str:
@@ -88,7 +102,12 @@ class Head:
 
     def api(self, method: str, path: str, **kwargs: Any) -> Any:
         response = httpx.request(
-            method, self.url + path, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30, **kwargs
+            method,
+            self.url + path,
+            headers={"Authorization": f"Bearer {ADMIN}"},
+            timeout=30,
+            verify=self.verify,
+            **kwargs,
         )
         response.raise_for_status()
         return response.json()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import GPUFLEET, Head, base_env, cli_json, run_cli
+from tests.e2e.conftest import ADMIN, GPUFLEET, Head, base_env, cli_json, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -75,3 +75,47 @@ def test_project_commands(head: Head, tmp_path: Path) -> None:
     bad = run_cli(tmp_path, "project", "set-quota", "vision", "--max-gpus", "-3", server=head.url)
     assert bad.returncode == 2
     assert cli_json(tmp_path, head.url, "project", "list")[0]["max_gpus"] == 16
+
+
+def test_login_with_a_password_saves_a_user_token_not_the_password(head: Head, tmp_path: Path) -> None:
+    cli_json(tmp_path, head.url, "user", "create", "carol", "--role", "viewer", "--no-password")
+    passphrase = "her long secret passphrase"
+    changed = subprocess.run(
+        [*GPUFLEET, "--server", head.url, "--token", ADMIN, "user", "update", "carol", "--password-stdin"],
+        input=passphrase + "\n",
+        env=base_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert changed.returncode == 0, changed.stderr
+    env = base_env(tmp_path) | {"GPUFLEET_PASSWORD": "wrong passphrase!!"}
+    refused = subprocess.run(
+        [*GPUFLEET, "login", "--server", head.url, "--user", "carol"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 5
+    assert "unknown user name or wrong password" in refused.stderr
+    env["GPUFLEET_PASSWORD"] = passphrase
+    logged_in = subprocess.run(
+        [*GPUFLEET, "login", "--server", head.url, "--user", "carol", "--expires", "1d"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert logged_in.returncode == 0, logged_in.stderr
+    assert "as user carol" in logged_in.stdout
+    saved = (tmp_path / "client.toml").read_text()
+    assert "gfa_" in saved
+    assert passphrase not in saved
+    listed = run_cli(tmp_path, "node", "list", "-o", "json", token=None)  # uses the saved token
+    assert listed.returncode == 0, listed.stderr
+    denied = run_cli(tmp_path, "node", "add", "x1", token=None)
+    assert denied.returncode == 6  # a viewer

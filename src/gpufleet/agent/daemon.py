@@ -5,18 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from gpufleet.agent.accounts import AccountSync, SyncReport
 from gpufleet.agent.credentials import Credential, CredentialStore
 from gpufleet.agent.inventory import InventorySource
 from gpufleet.client import AgentHttp
 from gpufleet.core.errors import GpufleetError, Unauthorized, Unavailable
+from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.messages import (
     CLOSE_NODE_GONE,
@@ -31,6 +35,7 @@ from gpufleet.protocol.messages import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class AgentStopped(GpufleetError):
@@ -48,12 +53,27 @@ class AgentOptions:
     inventory_check_s: float = 60.0
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 10.0
+    tls_context: ssl.SSLContext | None = None  # for wss://: the head's pinned CA (see agent.trust); None: system CAs
+    accounts: AccountSync | None = None  # accounts_sync: keep the cluster users' accounts on this node
+    accounts_interval_s: float = 60.0
 
 
 def channel_url(server: str) -> str:
     if server.startswith("https://"):
         return "wss://" + server.removeprefix("https://") + "/api/v1/agent/channel"
     return "ws://" + server.removeprefix("http://") + "/api/v1/agent/channel"
+
+
+async def with_retry(call: Callable[[], Awaitable[T]], initial_s: float = 0.5, max_s: float = 10.0) -> T:
+    """Call until the head answers: Unavailable is retried with backoff, anything else raised."""
+    backoff = initial_s
+    while True:
+        try:
+            return await call()
+        except Unavailable as exc:
+            log.warning("%s; retrying in %.1fs", exc, backoff)
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, max_s)
 
 
 class Agent:
@@ -73,6 +93,8 @@ class Agent:
         self.connected = False
         self.ever_acked = False
         self._inventory: NodeInventory | None = None
+        self.accounts_version: str | None = None  # of the account list last applied without failures
+        self._accounts: AccountList | None = None  # the last list fetched, applied again each interval
 
     # -- joining ----------------------------------------------------------------------------------
     async def ensure_credential(self) -> Credential:
@@ -132,14 +154,7 @@ class Agent:
             backoff = min(backoff * 2, self.options.backoff_max_s)
 
     async def _with_retry(self, call: Callable[[], Awaitable[Credential]]) -> Credential:
-        backoff = self.options.backoff_initial_s
-        while True:
-            try:
-                return await call()
-            except Unavailable as exc:
-                log.warning("%s; retrying in %.1fs", exc, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.options.backoff_max_s)
+        return await with_retry(call, self.options.backoff_initial_s, self.options.backoff_max_s)
 
     async def _session(self, credential: Credential) -> None:
         async with connect(
@@ -148,6 +163,7 @@ class Agent:
             max_size=MAX_CHANNEL_MESSAGE_BYTES,
             open_timeout=10,
             compression=None,
+            ssl=self.options.tls_context if self.options.server.startswith("https://") else None,
         ) as ws:
             inventory = self._inventory or await self._current_inventory()
             hello = Hello(heartbeat_interval_s=self.interval_s, inventory_fingerprint=inventory.fingerprint())
@@ -166,6 +182,8 @@ class Agent:
                 asyncio.create_task(self._beat(ws)),
                 asyncio.create_task(self._watch_inventory(credential)),
             }
+            if self.options.accounts is not None:
+                tasks.add(asyncio.create_task(self._watch_accounts(credential, self.options.accounts)))
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             finally:
@@ -212,3 +230,37 @@ class Agent:
         if current.fingerprint() != before:
             log.info("inventory changed; sending it")
             await self.http.put_inventory(credential.token, current)
+
+    async def _watch_accounts(self, credential: Credential, sync: AccountSync) -> None:
+        """Its own task, at start and every interval. A failure is logged and retried next interval: it
+        never ends the channel, since heartbeats matter more than accounts."""
+        interval = self.options.accounts_interval_s
+        while True:
+            try:
+                await self.sync_accounts(credential, sync)
+            except GpufleetError as exc:
+                log.warning("accounts not synced: %s; retrying in %.0fs", exc, interval)
+            except Exception:
+                log.exception("accounts not synced; retrying in %.0fs", interval)
+            await asyncio.sleep(interval)
+
+    async def sync_accounts(self, credential: Credential, sync: AccountSync) -> SyncReport | None:
+        """Fetch the account list unless the head says it is unchanged, and apply it (in a thread: it runs
+        commands). An unchanged list is applied again too: that repairs local drift (a managed account
+        deleted or edited by hand) and costs no command when there is none. Returns the report, or
+        None before any list arrived. Raises GpufleetError."""
+        fetched = await self.http.get_accounts(credential.token, self.accounts_version)
+        if fetched is not None:
+            self._accounts = fetched
+        listing = self._accounts
+        if listing is None:
+            return None
+        report = await asyncio.to_thread(sync.apply, listing)
+        log.log(logging.INFO if report.changed or report.failed else logging.DEBUG, "accounts: %s", report.summary())
+        for name, reason in report.skipped.items():
+            log.warning("accounts: %s skipped: %s", name, reason)
+        for note in report.notes:
+            log.warning("accounts: %s", note)
+        if not report.failed:  # a failed account is tried again with the next fetch
+            self.accounts_version = listing.version
+        return report

@@ -6,28 +6,44 @@ import asyncio
 
 import httpx
 
+from gpufleet.agent.accounts import AccountSync
 from gpufleet.agent.credentials import CredentialStore
-from gpufleet.agent.daemon import Agent, AgentOptions
+from gpufleet.agent.daemon import Agent, AgentOptions, with_retry
 from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.gpu.smi import NvidiaSmiReader
 from gpufleet.agent.host import read_host_facts
 from gpufleet.agent.inventory import inventory_source
+from gpufleet.agent.trust import head_context
 from gpufleet.client import AgentHttp
 from gpufleet.core.config import Settings
+from gpufleet.core.tls import split_join_token
 
 
 def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_interval_s: float | None) -> None:
     """Run until interrupted. Raises Unauthorized/AgentStopped (clear messages) when the head refuses the node."""
     store = CredentialStore(settings.agent_state_dir / "credential.json")
     read = inventory_source(read_host_facts, [NvmlReader(), NvidiaSmiReader()])
+    accounts = None
+    if settings.accounts_sync:
+        accounts = AccountSync(settings.accounts_root, settings.agent_state_dir / "accounts.json")
+
+    secret, pin = split_join_token(join_token) if join_token else (None, None)
 
     async def main() -> None:
-        async with httpx.AsyncClient() as http:
+        context = await with_retry(
+            lambda: head_context(
+                settings.server, pin, settings.agent_state_dir, settings.ca_file, settings.insecure_http
+            )
+        )
+        async with httpx.AsyncClient(verify=context if context is not None else True) as http:
             options = AgentOptions(
                 server=settings.server,
                 name=name,
-                join_token=join_token,
+                join_token=secret,
+                tls_context=context,
                 heartbeat_interval_s=heartbeat_interval_s,
+                accounts=accounts,
+                accounts_interval_s=settings.accounts_interval_s,
             )
             await Agent(options, store, AgentHttp(settings.server, http), read).run()
 

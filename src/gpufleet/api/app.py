@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
@@ -22,11 +22,15 @@ from gpufleet.api.context import HeadContext
 from gpufleet.api.deps import allow
 from gpufleet.api.hub import ChannelHub
 from gpufleet.api.limits import BodySizeLimit
-from gpufleet.api.routers import agent, audit_log, nodes, projects, status_page, tokens, users
+from gpufleet.api.routers import agent, audit_log, nodes, projects, status_page, tokens, users, web_login
+from gpufleet.auth import identity
 from gpufleet.auth.policy import Permission
+from gpufleet.auth.throttle import LoginThrottle
+from gpufleet.core import tls
 from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
+from gpufleet.core.errors import ConfigError
 from gpufleet.workers.head_loops import HeadLoops
 
 log = logging.getLogger(__name__)
@@ -47,6 +51,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         404: "not found",
         409: "conflict",
         413: "too large",
+        429: "too many attempts; wait for Retry-After seconds",
         503: "a dependency is unavailable",
     }.items()
 }
@@ -56,11 +61,23 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     nodes.router,
     tokens.router,
     tokens.whoami_router,
+    tokens.login_router,
     agent.router,
     audit_log.router,
     users.router,
     projects.router,
 )
+
+
+def _served_ca(settings: Settings) -> str | None:
+    """The CA certificate join tokens pin, when the head serves TLS with one. Raises ConfigError if unreadable."""
+    served = settings.effective_tls()
+    if served is None or served[2] is None:
+        return None
+    try:
+        return served[2].read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the CA certificate {served[2]}: {exc.strerror}") from None
 
 
 def create_app(
@@ -74,7 +91,18 @@ def create_app(
     clock = clock or SystemClock()
     hub = ChannelHub()
     loops = HeadLoops(settings=settings, sessions=sessions, clock=clock, on_durable=hub.acknowledge)
-    ctx = HeadContext(settings=settings, sessions=sessions, clock=clock, hub=hub, loops=loops)
+    ca_pem = _served_ca(settings)
+    ctx = HeadContext(
+        ca_pem=ca_pem,
+        ca_fingerprint=tls.fingerprint(ca_pem) if ca_pem else None,
+        settings=settings,
+        sessions=sessions,
+        clock=clock,
+        hub=hub,
+        loops=loops,
+        identity=identity.provider(settings.identity_provider),
+        throttle=LoginThrottle(clock),
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -104,10 +132,18 @@ def create_app(
         api.include_router(router)
     app.include_router(api)
     app.include_router(status_page.router)
+    app.include_router(web_login.router)
 
     @app.get("/api/openapi.json", include_in_schema=False, dependencies=[allow(Permission.API_SCHEMA)])
     def openapi() -> dict[str, Any]:
         return get_openapi(title=app.title, version=app.version, routes=app.routes)
+
+    @app.get("/ca.pem", include_in_schema=False)
+    def ca_certificate() -> Response:
+        """The cluster CA, public by nature: agents check it against their join token's pin."""
+        if ctx.ca_pem is None:
+            return JSONResponse({"detail": "this head does not serve TLS with its own CA"}, status_code=404)
+        return Response(ctx.ca_pem, media_type="application/x-pem-file")
 
     @app.get("/healthz", include_in_schema=False)
     def healthz(request: Request) -> JSONResponse:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.api.hub import ChannelHub
+from gpufleet.auth.identity import IdentityProvider
+from gpufleet.auth.throttle import LoginThrottle
 from gpufleet.core.clock import Clock
 from gpufleet.core.config import Settings
 from gpufleet.workers.head_loops import HeadLoops
@@ -19,3 +21,7 @@ class HeadContext:
     clock: Clock
     hub: ChannelHub
     loops: HeadLoops
+    identity: IdentityProvider
+    throttle: LoginThrottle
+    ca_pem: str | None = None  # the CA agents pin when the head serves TLS (see core.tls)
+    ca_fingerprint: str | None = None

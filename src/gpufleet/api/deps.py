@@ -12,10 +12,13 @@ from gpufleet.api.context import HeadContext
 from gpufleet.auth import service as auth
 from gpufleet.auth.policy import Permission, allowed
 from gpufleet.auth.schemas import Principal
+from gpufleet.core import secrets
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import Forbidden, Unauthorized
 
-SESSION_COOKIE = "gpufleet_token"
+SESSION_COOKIE = "gpufleet_session"
+CSRF_HEADER = "x-csrf-token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def context(request: Request) -> HeadContext:
@@ -43,18 +46,40 @@ def bearer_token(authorization: str | None) -> str:
     return token.strip()
 
 
-def authenticate(ctx: HeadContext, token: str) -> Principal:
+def authenticate(ctx: HeadContext, token: str, *, web_session: bool = False) -> Principal:
     """Who presents `token`: a read; the rare write that records the use goes in its own transaction."""
     with transaction(ctx.sessions, readonly=True) as session:
-        who = auth.authenticate(session, ctx.clock, token)
+        who = auth.authenticate(session, ctx.clock, token, web_session=web_session)
     if who.use_unrecorded:
         with transaction(ctx.sessions) as session:
             auth.record_use(session, ctx.clock, who)
     return who
 
 
+def session_principal(request: Request, ctx: HeadContext) -> Principal:
+    """The logged-in browser's principal, from its session cookie. A request that changes something
+    must also carry the session's CSRF token (form field or header), which another site cannot know.
+
+    Raises Unauthorized without a valid session, Forbidden for a missing or wrong CSRF token.
+    """
+    secret = request.cookies.get(SESSION_COOKIE)
+    if not secret:
+        raise Unauthorized("not logged in")
+    who = authenticate(ctx, secret, web_session=True)
+    request.state.actor = who.actor  # a refused change is on record as this user's too
+    if request.method not in SAFE_METHODS:
+        presented = request.headers.get(CSRF_HEADER) or ""
+        if not secrets.same(presented, auth.csrf_token(secret)):
+            raise Forbidden("missing or wrong CSRF token")
+    return who
+
+
 def principal(request: Request, ctx: Ctx) -> Principal:
-    who = authenticate(ctx, bearer_token(request.headers.get("authorization")))
+    """The caller: a bearer token if one is presented, else the browser's session cookie."""
+    authorization = request.headers.get("authorization")
+    if authorization is None and SESSION_COOKIE in request.cookies:
+        return session_principal(request, ctx)
+    who = authenticate(ctx, bearer_token(authorization))
     request.state.actor = who.actor  # for the audit record
     return who
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 import uvicorn
 from sqlalchemy.exc import OperationalError
 
 from gpufleet.api.app import create_app
 from gpufleet.auth import service as auth
-from gpufleet.core import gc_tuning
+from gpufleet.core import gc_tuning, tls
 from gpufleet.core.clock import SystemClock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import make_engine, make_session_factory, transaction
@@ -23,6 +24,10 @@ log = logging.getLogger(__name__)
 
 def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
     """Everything before serving. Returns the server and, on first start, the admin token to print once."""
+    host, port = settings.listen_host_port()
+    served_tls = settings.effective_tls()
+    scheme = "https" if served_tls else "http"
+    tls.check_plain_http(f"{scheme}://{_url_host(host)}:{port}", settings.insecure_http)
     try:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -38,7 +43,18 @@ def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
     with transaction(sessions) as session:
         new_token = auth.ensure_admin_token(session, clock, bootstrap)
     app = create_app(settings, sessions, clock)
-    host, port = settings.listen_host_port()
+    certfile: str | None = None
+    keyfile: str | None = None
+    if served_tls is not None:
+        cert, key, _ = served_tls
+        for path in (cert, key):
+            if not path.is_file():
+                raise ConfigError(f"TLS file {path} does not exist; run `gpufleet server init` or fix tls_cert/tls_key")
+        try:  # a mismatched or unreadable pair fails here with one line, not in uvicorn's traceback
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(f"cannot use the TLS certificate {cert} with key {key}: {exc}") from None
+        certfile, keyfile = str(cert), str(key)
     config = uvicorn.Config(
         app,
         host=host,
@@ -49,8 +65,14 @@ def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
         log_level=settings.log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=5,
+        ssl_certfile=certfile,
+        ssl_keyfile=keyfile,
     )
     return uvicorn.Server(config), new_token
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def run(settings: Settings, announce: bool = True) -> None:

@@ -16,6 +16,7 @@ class TokenKind(enum.StrEnum):
     ADMIN = "admin"  # full API access
     JOIN = "join"  # may only trade itself for a node credential, a limited number of times
     NODE = "node"  # an agent's own credential: may act only as its node
+    SESSION = "session"  # a browser's login, presented only as a cookie (with a CSRF token to change things)
 
 
 class User(Base):

@@ -20,10 +20,11 @@ class JoinTokenCreate(BaseModel):
 
 
 class JoinTokenCreated(BaseModel):
-    token: str
+    token: str  # with the head's CA pin appended when it serves TLS (see core.tls)
     id: int
     expires_at: datetime
     uses: int
+    ca_fingerprint: str | None = None
 
 
 class UserTokenCreated(BaseModel):
@@ -117,6 +118,15 @@ class UserTokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     user: str
+    expires_in_s: int = Field(30 * 24 * 3600, ge=60, le=366 * 24 * 3600)
+    scope: Literal["read", "write"] = "write"
+
+
+class PasswordLogin(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    username: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    password: Annotated[SecretStr, Field(min_length=1, max_length=1024)]
     expires_in_s: int = Field(30 * 24 * 3600, ge=60, le=366 * 24 * 3600)
     scope: Literal["read", "write"] = "write"
 

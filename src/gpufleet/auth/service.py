@@ -95,15 +95,21 @@ def _lookup(session: Session, clock: Clock, token: str) -> ApiToken:
     return row
 
 
-def authenticate(session: Session, clock: Clock, token: str) -> Principal:
-    """Resolve a bearer token to who is calling, reading only. Join tokens are accepted only by
-    `consume_join_token`. The caller records the use with `record_use` when `use_unrecorded` says so.
+def authenticate(session: Session, clock: Clock, token: str, *, web_session: bool = False) -> Principal:
+    """Resolve a bearer token (or, with `web_session`, a session cookie) to who is calling, reading
+    only. Join tokens are accepted only by `consume_join_token`. The caller records the use with
+    `record_use` when `use_unrecorded` says so.
 
-    Raises Unauthorized for an unknown, revoked, expired or join token.
+    Raises Unauthorized for an unknown, revoked, expired or join token, and for a token presented
+    the wrong way (a session as a bearer token or the other way round).
     """
     row = _lookup(session, clock, token)
     if row.kind is TokenKind.JOIN:
         raise Unauthorized("a join token can only be used to join a node")
+    if web_session != (row.kind is TokenKind.SESSION):
+        raise Unauthorized(
+            "a web session is only valid as the browser's cookie" if not web_session else "not a session"
+        )
     now = to_datetime(clock.now())
     # Node credentials are used every reconnect and their node's last_seen already says when; only
     # people's and automation's tokens get a last-use record.
@@ -147,6 +153,40 @@ def create_user_token(
         expires_at=to_datetime(clock.now() + expires_in_s),
     )
     return token, row
+
+
+def create_web_session(session: Session, clock: Clock, user: User, ttl_s: int) -> str:
+    """A browser session for `user` after a password login; its secret goes in an HttpOnly cookie."""
+    token = secrets.new_token(secrets.SESSION_PREFIX)
+    _add(
+        session,
+        clock,
+        TokenKind.SESSION,
+        user.username,
+        token,
+        role=user.role,
+        user_id=user.id,
+        expires_at=to_datetime(clock.now() + ttl_s),
+    )
+    return token
+
+
+def csrf_token(session_secret: str) -> str:
+    """The CSRF token of a web session: derived from the cookie's secret, which other sites cannot read."""
+    return secrets.derived(session_secret, "gpufleet csrf")
+
+
+def end_web_session(session: Session, clock: Clock, session_secret: str) -> None:
+    """Log out: the session's cookie stops working at once. Unknown or ended sessions are ignored."""
+    session.execute(
+        update(ApiToken)
+        .where(
+            ApiToken.token_hash == secrets.hash_token(session_secret),
+            ApiToken.kind == TokenKind.SESSION,
+            ApiToken.revoked_at.is_(None),
+        )
+        .values(revoked_at=to_datetime(clock.now()))
+    )
 
 
 def revoke_token(session: Session, clock: Clock, token_id: int) -> ApiToken:

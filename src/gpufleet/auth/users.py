@@ -13,6 +13,7 @@ from gpufleet.auth.policy import Role
 from gpufleet.auth.schemas import UserCreate, UserUpdate
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Conflict, InvalidInput, NotFound
+from gpufleet.protocol.accounts import Account, AccountList
 
 # What useradd accepts on the nodes: a lowercase letter or underscore, then lowercase, digits, _ and -.
 USERNAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -89,3 +90,24 @@ def delete_user(session: Session, username: str) -> None:
     """Delete a user and, with them, their tokens."""
     session.delete(get_user(session, username))
     session.flush()
+
+
+def accounts_for_nodes(session: Session) -> AccountList:
+    """Every user's POSIX account for the agents (`accounts_sync`), disabled users too, so nodes lock them.
+
+    Passwords never leave the head: node accounts log in with SSH keys only.
+    """
+    return AccountList.of(
+        [
+            Account(
+                username=user.username,
+                full_name=user.full_name,
+                uid=user.uid,
+                gid=user.gid,
+                shell=user.shell,
+                ssh_keys=list(user.ssh_keys),
+                enabled=user.enabled,
+            )
+            for user in list_users(session)
+        ]
+    )

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
 
 from gpufleet.cli.output import Format, OutputOpt, print_json, table
 from gpufleet.cli.state import state
-from gpufleet.client import HeadClient
 from gpufleet.core.config import default_client_file, write_client_file
+from gpufleet.core.durations import parse_duration
 
 app = typer.Typer(help="Configuration.", no_args_is_help=True)
 
@@ -28,18 +29,35 @@ def login(
     ctx: typer.Context,
     server: Annotated[str | None, typer.Option(help="head node URL")] = None,
     token: Annotated[str | None, typer.Option(help="API token", envvar="GPUFLEET_TOKEN")] = None,
+    user: Annotated[
+        str | None, typer.Option("--user", "-u", help="log in with this user's password instead of a token")
+    ] = None,
+    expires: Annotated[str, typer.Option(help="with --user: how long the new token lasts")] = "30d",
 ) -> None:
-    """Check a server URL and token, then save them for later commands (mode 0600)."""
+    """Check a server URL and token (or a user's password), then save them for later commands (mode 0600).
+
+    With --user, the password (prompted, or GPUFLEET_PASSWORD) is traded for a new API token of that
+    user; the password itself is never saved.
+    """
     cli = state(ctx)
     settings = cli.settings(server=server)
-    # Only a token given now (option, GPUFLEET_TOKEN or the root --token) is sent: a token saved by an
-    # earlier login belongs to that login's server and must never be presented to another one.
-    secret = token or cli.overrides.get("token") or typer.prompt("API token", hide_input=True)
-    client = HeadClient(settings.server, secret)
+    if user is not None:
+        password = os.environ.get("GPUFLEET_PASSWORD") or typer.prompt(f"password for {user}", hide_input=True)
+        anonymous = cli.client(anonymous=True)
+        try:
+            secret = anonymous.password_login(user, password, parse_duration(expires))["token"]
+        finally:
+            anonymous.close()
+    else:
+        # Only a token given now (option, GPUFLEET_TOKEN or the root --token) is sent: a token saved by an
+        # earlier login belongs to that login's server and must never be presented to another one.
+        secret = token or cli.overrides.get("token") or typer.prompt("API token", hide_input=True)
+    client = cli.client(secret)
     try:
         who = client.whoami()
     finally:
         client.close()
     path = default_client_file()
     write_client_file(path, settings.server, secret)
-    typer.echo(f"logged in to {settings.server} as {who['kind']} token {who['token_id']}; saved to {path}")
+    as_whom = f"user {user}" if user else f"{who['kind']} token {who['token_id']}"
+    typer.echo(f"logged in to {settings.server} as {as_whom}; saved to {path}")

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from gpufleet.client import HeadClient
+from gpufleet.core import tls
 from gpufleet.core.config import Settings, load_settings
 
 
@@ -25,10 +26,15 @@ class CliState:
             self._settings = load_settings(self.config_file, **merged)
         return self._settings
 
-    def client(self) -> HeadClient:
+    def client(self, token: str | None = None, *, anonymous: bool = False) -> HeadClient:
+        """A client for the configured head, presenting `token`, else the configured one (unless
+        `anonymous`). Raises ConfigError for plain HTTP off loopback or an unreadable ca_file."""
         settings = self.settings()
-        token = settings.token.get_secret_value() if settings.token else None
-        return HeadClient(settings.server, token)
+        tls.check_plain_http(settings.server, settings.insecure_http)
+        if token is None and not anonymous and settings.token is not None:
+            token = settings.token.get_secret_value()
+        verify = tls.client_context(ca_file=settings.ca_file) if settings.ca_file else True
+        return HeadClient(settings.server, token, verify=verify)
 
 
 def state(ctx: typer.Context) -> CliState:

@@ -53,11 +53,27 @@ class Settings(BaseSettings):
         10.0, ge=0, le=3600, description="time a new leader gives every node to reconnect before sweeping it"
     )
     max_request_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    identity_provider: str = Field("local", description="who checks user names and passwords (local)")
+    web_session_ttl_s: int = Field(12 * 3600, ge=60, le=30 * 24 * 3600, description="how long a web login lasts")
+    tls_cert: Path | None = Field(
+        None, description="server certificate (PEM); default: data_dir/tls/server.pem once `server init` made it"
+    )
+    tls_key: Path | None = Field(None, description="server key (PEM); default: data_dir/tls/server.key")
+    tls_ca: Path | None = Field(
+        None, description="CA whose fingerprint join tokens carry; default: data_dir/tls/ca.pem"
+    )
+    insecure_http: bool = Field(
+        False, description="allow plain HTTP off loopback (only behind a TLS-terminating proxy)"
+    )
     # Client (CLI) side
     server: str = Field("http://127.0.0.1:8080", description="head node URL the CLI and agent talk to")
     token: SecretStr | None = Field(None, description="API token the CLI presents")
+    ca_file: Path | None = Field(None, description="CA certificate the CLI (and an unpinned agent) trusts for https")
     # Agent side
     agent_state_dir: Path = Field(Path("/var/lib/gpufleet-agent"), description="where the agent keeps its credential")
+    accounts_sync: bool = Field(False, description="create and update the cluster users' accounts on the node")
+    accounts_root: Path = Field(Path("/"), description="root directory whose etc/passwd the account sync edits")
+    accounts_interval_s: float = Field(60.0, ge=1, le=86400, description="how often the agent asks for the accounts")
     log_level: str = Field("INFO", description="logging level")
 
     @field_validator("listen")
@@ -75,6 +91,13 @@ class Settings(BaseSettings):
             raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
         return value.upper()
 
+    @field_validator("accounts_root")
+    @classmethod
+    def _check_accounts_root(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError("must be an absolute path")  # useradd --root takes only absolute paths
+        return value
+
     @field_validator("server")
     @classmethod
     def _check_server(cls, value: str) -> str:
@@ -87,6 +110,21 @@ class Settings(BaseSettings):
         if self.database_url is not None:
             return self.database_url.get_secret_value()
         return f"sqlite:///{self.data_dir / 'gpufleet.db'}"
+
+    def effective_tls(self) -> tuple[Path, Path, Path | None] | None:
+        """The head's certificate, key and CA when it serves HTTPS, else None.
+
+        Raises ConfigError when only one of tls_cert and tls_key is set.
+        """
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("set both tls_cert and tls_key, or neither")
+        if self.tls_cert is not None and self.tls_key is not None:
+            return self.tls_cert, self.tls_key, self.tls_ca
+        made = self.data_dir / "tls"
+        if (made / "server.pem").exists():
+            ca = self.tls_ca or made / "ca.pem"
+            return made / "server.pem", made / "server.key", ca if ca.exists() else None
+        return None
 
     def listen_host_port(self) -> tuple[str, int]:
         host, _, port = self.listen.rpartition(":")
@@ -135,13 +173,21 @@ class _FileSource(PydanticBaseSettingsSource):
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    """The file's settings. A table is a prefix: `[accounts] sync = true` is `accounts_sync = true`."""
     try:
         with path.open("rb") as fh:
-            return tomllib.load(fh)
+            data = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}_{inner}": v for inner, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
 
 
 def load_settings(config_file: Path | None = None, client_file: Path | None = None, **overrides: Any) -> Settings:

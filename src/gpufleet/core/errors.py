@@ -53,6 +53,17 @@ class Forbidden(GpufleetError):
     exit_code = 6
 
 
+class TooManyRequests(GpufleetError):
+    """The caller must wait before trying again (e.g. after repeated failed logins)."""
+
+    http_status = 429
+    exit_code = 5
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class PayloadTooLarge(GpufleetError):
     http_status = 413
     exit_code = 2

@@ -14,6 +14,7 @@ import secrets as _secrets
 ADMIN_PREFIX = "gfa_"
 JOIN_PREFIX = "gfj_"
 NODE_PREFIX = "gfn_"
+SESSION_PREFIX = "gfs_"
 
 
 def new_token(prefix: str) -> str:
@@ -22,6 +23,11 @@ def new_token(prefix: str) -> str:
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def derived(secret: str, purpose: str) -> str:
+    """A value only the holder of `secret` can compute, e.g. a web session's CSRF token."""
+    return hmac.new(secret.encode(), purpose.encode(), hashlib.sha256).hexdigest()
 
 
 def same(a: str, b: str) -> bool:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class SimOptions:
     prefix: str = "sim"
     heartbeat_interval_s: float | None = None
     ramp_s: float | None = None  # spread the joins; default: 5 ms a node
+    tls_context: ssl.SSLContext | None = None  # the head's pinned CA (agent.trust), for https servers
 
 
 @dataclass
@@ -64,7 +66,10 @@ class Simulation:
             raise InvalidInput(f"--nodes must be between 1 and {MAX_NODES}")
         if not 0 <= opts.gpus_per_node <= MAX_GPUS_PER_NODE:
             raise InvalidInput(f"--gpus-per-node must be between 0 and {MAX_GPUS_PER_NODE}")
-        self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
+        self._http = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+            verify=opts.tls_context if opts.tls_context is not None else True,
+        )
         http = AgentHttp(opts.server, self._http)
         for name in node_names(opts.nodes, opts.prefix):
             try:
@@ -78,6 +83,7 @@ class Simulation:
                 name=name,
                 join_token=opts.join_token,
                 heartbeat_interval_s=opts.heartbeat_interval_s,
+                tls_context=opts.tls_context,
             )
             store = CredentialStore(opts.state_dir / "nodes" / f"{name}.json")
             self.agents[name] = Agent(agent_opts, store, http, read)

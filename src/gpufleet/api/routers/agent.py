@@ -1,4 +1,4 @@
-"""What node agents call: join (with a join token), report inventory, and the heartbeat channel."""
+"""What node agents call: join (with a join token), report inventory, the heartbeat channel, and fetch accounts."""
 
 from __future__ import annotations
 
@@ -7,18 +7,20 @@ import contextlib
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Header, Request, Response, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from gpufleet.api.deps import Ctx, allow, authenticate, bearer_token, tx
 from gpufleet.api.hub import Channel
 from gpufleet.auth import service as auth
+from gpufleet.auth import users
 from gpufleet.auth.models import TokenKind
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import GpufleetError, InvalidInput, NotFound, PayloadTooLarge, Unauthorized, describe
 from gpufleet.inventory import service as inventory
+from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.messages import (
     CLOSE_BAD_MESSAGE,
@@ -150,3 +152,35 @@ async def _serve(ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None
             if interval is None:
                 return CLOSE_BAD_MESSAGE, "heartbeat before hello"
             ctx.loops.book.record(chan.node_id, ctx.clock.now(), interval, message.seq)
+
+
+def _etag_matches(if_none_match: str | None, etag: str) -> bool:
+    """Whether an If-None-Match header names `etag` (a list of tags, weak ones included, or `*`)."""
+    if if_none_match is None:
+        return False
+    if if_none_match.strip() == "*":
+        return True
+    return any(tag.strip().removeprefix("W/") == etag for tag in if_none_match.split(","))
+
+
+@router.get(
+    "/accounts",
+    response_model=AccountList,
+    responses={304: {"description": "not modified: the accounts still have the version named in If-None-Match"}},
+)
+def get_accounts(
+    response: Response,
+    _: Annotated[Principal, allow(Permission.AGENT_REPORT)],
+    ctx: Ctx,
+    if_none_match: Annotated[str | None, Header(max_length=4096)] = None,
+) -> AccountList | Response:
+    """The cluster users' accounts for the calling node to apply (`accounts_sync`), with the list's
+    version as ETag. A node that sends the version it holds in If-None-Match gets an empty 304, so a
+    thousand nodes polling cost a read each and no transfer."""
+    with tx(ctx, readonly=True) as db:
+        listing = users.accounts_for_nodes(db)
+    etag = f'"{listing.version}"'
+    if _etag_matches(if_none_match, etag):
+        return Response(status_code=304, headers={"ETag": etag})
+    response.headers["ETag"] = etag
+    return listing

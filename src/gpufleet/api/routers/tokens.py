@@ -7,22 +7,42 @@ from typing import Annotated
 from fastapi import APIRouter, Request
 
 from gpufleet.api.deps import Ctx, allow, tx
+from gpufleet.auth import identity, users
 from gpufleet.auth import service as auth
-from gpufleet.auth import users
 from gpufleet.auth.policy import Permission, allowed
 from gpufleet.auth.schemas import (
     JoinTokenCreate,
     JoinTokenCreated,
+    PasswordLogin,
     Principal,
     TokenOut,
     UserTokenCreate,
     UserTokenCreated,
 )
+from gpufleet.core import tls
 from gpufleet.core.clock import to_datetime
 from gpufleet.core.errors import Forbidden
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
 whoami_router = APIRouter(tags=["tokens"])
+login_router = APIRouter(tags=["tokens"])
+
+
+@login_router.post("/login", status_code=201)
+def password_login(body: PasswordLogin, ctx: Ctx, request: Request) -> UserTokenCreated:
+    """Trade a user name and password for an API token of that user (what `gpufleet login --user` does).
+
+    Failed attempts are slowed down (429 with Retry-After) and audited like web logins.
+    """
+    request.state.audit_target = f"user {body.username}"
+    source = request.client.host if request.client else ""
+    password = body.password.get_secret_value()
+    with tx(ctx, readonly=True) as db:  # argon2 is slow: never inside the write lock
+        username = identity.password_login(db, ctx.identity, ctx.throttle, body.username, password, source).username
+    with tx(ctx) as db:
+        token, row = auth.create_user_token(db, ctx.clock, users.get_user(db, username), body.expires_in_s, body.scope)
+    request.state.actor = f"user:{username}"
+    return UserTokenCreated(token=token, id=row.id, expires_at=row.expires_at, scope=body.scope)
 
 
 @whoami_router.get("/whoami")
@@ -39,7 +59,13 @@ def create_join_token(
         token, row = auth.create_join_token(db, ctx.clock, body.expires_in_s, body.uses)
     request.state.audit_target = f"join token #{row.id} (uses {body.uses}, expires in {body.expires_in_s}s)"
     expires_at = row.expires_at or to_datetime(ctx.clock.now() + body.expires_in_s)
-    return JoinTokenCreated(token=token, id=row.id, expires_at=expires_at, uses=body.uses)
+    return JoinTokenCreated(
+        token=tls.pin_join_token(token, ctx.ca_fingerprint),
+        id=row.id,
+        expires_at=expires_at,
+        uses=body.uses,
+        ca_fingerprint=ctx.ca_fingerprint,
+    )
 
 
 @router.post("/user", status_code=201)
