@@ -119,3 +119,53 @@ def test_login_with_a_password_saves_a_user_token_not_the_password(head: Head, t
     assert listed.returncode == 0, listed.stderr
     denied = run_cli(tmp_path, "node", "add", "x1", token=None)
     assert denied.returncode == 6  # a viewer
+
+
+def test_audit_names_the_user_behind_a_scripted_cli_run(head: Head, tmp_path: Path) -> None:
+    """The issue's must-show: node additions and token creations, with the acting user."""
+    created = subprocess.run(
+        [
+            *GPUFLEET,
+            "--server",
+            head.url,
+            "--token",
+            ADMIN,
+            "user",
+            "create",
+            "olivia",
+            "--role",
+            "operator",
+            "--password-stdin",
+        ],
+        input="operators passphrase\n",
+        env=base_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert created.returncode == 0, created.stderr
+    as_olivia = tmp_path / "olivia"
+    as_olivia.mkdir()
+    env = base_env(as_olivia) | {"GPUFLEET_PASSWORD": "operators passphrase"}
+    login = subprocess.run(
+        [*GPUFLEET, "login", "--server", head.url, "--user", "olivia"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert login.returncode == 0, login.stderr
+    assert run_cli(as_olivia, "node", "add", "gpu[001-004]", token=None).returncode == 0
+    assert run_cli(as_olivia, "token", "create", "--uses", "4", token=None).returncode == 0
+    assert run_cli(as_olivia, "user", "create", "mallory", "--no-password", token=None).returncode == 6
+    records = cli_json(tmp_path, head.url, "audit", "list", "--actor", "user:olivia")
+    rows = [(r["action"], r["target"], r["result"]) for r in reversed(records)]
+    assert rows == [
+        ("tokens.password_login", "user olivia", 201),
+        ("nodes.add_nodes", "gpu[001-004]", 201),
+        ("tokens.create_join_token", rows[2][1], 201),
+        ("users.create_user", "/api/v1/users", 403),
+    ]
+    assert rows[2][1].startswith("join token #") and "uses 4" in rows[2][1]
