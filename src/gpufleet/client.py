@@ -189,6 +189,56 @@ class HeadClient:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/tokens")
         return result
 
+    def metrics(self, node: str, entity: str, metric: str, since: str, step: str | None) -> dict[str, Any]:
+        params = {"entity": entity, "metric": metric, "since": since} | ({"step": step} if step else {})
+        result: dict[str, Any] = self._call("GET", f"/api/v1/nodes/{node}/metrics", params=params)
+        return result
+
+    def fleet_health(self, names: str | None = None) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/health", params={"names": names} if names else None)
+        return result
+
+    def drain(self, node: str, reason: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{node}/drain", json={"reason": reason})
+        return result
+
+    def resume(self, node: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{node}/resume")
+        return result
+
+    def fault(self, node: str, action: str, kind: str | None, gpu: int | None) -> dict[str, Any]:
+        body = {"action": action, "kind": kind, "gpu": gpu}
+        result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{node}/faults", json=body)
+        return result
+
+    def list_alerts(self, status: str | None, node: str | None) -> list[dict[str, Any]]:
+        params = {k: v for k, v in {"status": status, "node": node}.items() if v is not None}
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/alerts", params=params)
+        return result
+
+    def ack_alert(self, alert_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/alerts/{alert_id}/ack")
+        return result
+
+    def add_silence(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/silences", json=spec)
+        return result
+
+    def list_silences(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/silences")
+        return result
+
+    def add_receiver(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/alert-receivers", json=spec)
+        return result
+
+    def list_receivers(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/alert-receivers")
+        return result
+
+    def remove_receiver(self, name: str) -> None:
+        self._call("DELETE", f"/api/v1/alert-receivers/{name}")
+
 
 class AgentHttp:
     """The agent's HTTP calls. Shares one AsyncClient, so a simulator's thousand agents share a pool."""

@@ -20,6 +20,7 @@ from gpufleet.cli.state import state
 from gpufleet.core import gc_tuning
 from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.protocol.messages import check_node_name
+from gpufleet.protocol.metrics import FAULT_KINDS
 
 ServerOpt = Annotated[str | None, typer.Option("--server", help="head node URL (env GPUFLEET_SERVER)")]
 JoinOpt = Annotated[str | None, typer.Option("--join-token", envvar="GPUFLEET_JOIN_TOKEN", help="join token")]
@@ -100,7 +101,37 @@ def agent(
     run_agent(settings, node, join_token, heartbeat_interval)
 
 
-@app.command("sim")
+sim_app = typer.Typer(help="Simulated GPU nodes: run them, and inject or heal faults.")
+app.add_typer(sim_app, name="sim")
+
+
+@sim_app.command("fault")
+def sim_fault(
+    ctx: typer.Context,
+    node: str,
+    kind: Annotated[str, typer.Option(help="|".join(FAULT_KINDS))],
+    gpu: Annotated[int | None, typer.Option(help="which GPU (default: the first)")] = None,
+) -> None:
+    """Inject a fault into a running simulated node, through the head and the node's channel."""
+    if kind not in FAULT_KINDS:
+        raise InvalidInput(f"unknown fault kind {kind!r}; one of {', '.join(FAULT_KINDS)}")
+    result = state(ctx).client().fault(node, "inject", kind, gpu)
+    _fault_answer(result)
+
+
+@sim_app.command("heal")
+def sim_heal(ctx: typer.Context, node: str) -> None:
+    """Undo every fault injected into a simulated node."""
+    _fault_answer(state(ctx).client().fault(node, "heal", None, None))
+
+
+def _fault_answer(result: dict[str, object]) -> None:
+    if not result["ok"]:
+        raise InvalidInput(f"node {result['node']} refused: {result['message']}")
+    typer.echo(f"{result['node']}: {result['message'] or 'done'}")
+
+
+@sim_app.callback(invoke_without_command=True)
 def sim(
     ctx: typer.Context,
     server: ServerOpt = None,
@@ -115,6 +146,10 @@ def sim(
     heartbeat_interval: IntervalOpt = None,
 ) -> None:
     """Run N simulated GPU nodes: real agent code over a simulated NVML."""
+    if ctx.invoked_subcommand is not None:  # fault/heal talk to the head; `sim --server` names it too
+        if server is not None:
+            state(ctx).overrides["server"] = server
+        return
     settings = state(ctx).settings(server=server)
     _logging(settings.log_level)
     from gpufleet.agent.trust import head_context

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import ssl
@@ -17,9 +18,12 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from gpufleet.agent.accounts import AccountSync, SyncReport
 from gpufleet.agent.credentials import Credential, CredentialStore
+from gpufleet.agent.faults import AGENT_FAULTS, REFUSED_ON_REAL_NODES, FaultTarget
 from gpufleet.agent.inventory import InventorySource
+from gpufleet.agent.metrics.outbox import Outbox
+from gpufleet.agent.metrics.ports import EventSource, SampleSource
 from gpufleet.client import AgentHttp
-from gpufleet.core.errors import GpufleetError, Unauthorized, Unavailable
+from gpufleet.core.errors import GpufleetError, InvalidInput, Unauthorized, Unavailable
 from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.messages import (
@@ -28,11 +32,13 @@ from gpufleet.protocol.messages import (
     CLOSE_UNAUTHORIZED,
     MAX_CHANNEL_MESSAGE_BYTES,
     Ack,
+    FaultResult,
     Heartbeat,
     Hello,
     Welcome,
     head_message_adapter,
 )
+from gpufleet.protocol.metrics import FaultCommand
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,6 +62,11 @@ class AgentOptions:
     tls_context: ssl.SSLContext | None = None  # for wss://: the head's pinned CA (see agent.trust); None: system CAs
     accounts: AccountSync | None = None  # accounts_sync: keep the cluster users' accounts on this node
     accounts_interval_s: float = 60.0
+    metrics: SampleSource | None = None  # sampled every metrics_interval_s, in a worker thread; None: no metrics
+    events: EventSource | None = None  # Xid events, sent the moment they are read
+    faults: FaultTarget | None = None  # simulated nodes only: where `gpufleet sim fault` lands
+    metrics_interval_s: float = 5.0
+    metrics_backlog: int = 60  # samples kept while the head is unreachable; the oldest go first
 
 
 def channel_url(server: str) -> str:
@@ -95,6 +106,13 @@ class Agent:
         self._inventory: NodeInventory | None = None
         self.accounts_version: str | None = None  # of the account list last applied without failures
         self._accounts: AccountList | None = None  # the last list fetched, applied again each interval
+        self.outbox = Outbox(max_samples=options.metrics_backlog)
+        self._outbox_ready = asyncio.Event()  # something was queued, or sending may resume
+        self._events_wake = asyncio.Event()  # a simulated fault may have queued an Xid: poll now
+        self._running = asyncio.Event()  # clear while a simulated crash or hang holds metrics and events
+        self._running.set()
+        self.crashed = False  # simulated node-crash: nothing leaves but answers to commands
+        self.hung = False  # simulated agent-hang: heartbeats only
 
     # -- joining ----------------------------------------------------------------------------------
     async def ensure_credential(self) -> Credential:
@@ -128,7 +146,24 @@ class Agent:
 
     # -- running ----------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Run until cancelled. Raises AgentStopped or Unauthorized when the head refuses this node for good."""
+        """Run until cancelled. Raises AgentStopped or Unauthorized when the head refuses this node for good.
+
+        Metrics and Xid events are gathered from the start and across reconnects; the outbox keeps them
+        until a channel is open.
+        """
+        background = []
+        if self.options.metrics is not None:
+            background.append(asyncio.create_task(self._collect_metrics(self.options.metrics)))
+        if self.options.events is not None:
+            background.append(asyncio.create_task(self._watch_events(self.options.events)))
+        try:
+            await self._connect_forever()
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+
+    async def _connect_forever(self) -> None:
         credential = await self._with_retry(self.ensure_credential)
         backoff = self.options.backoff_initial_s
         while True:
@@ -181,6 +216,7 @@ class Agent:
                 asyncio.create_task(self._read(ws)),
                 asyncio.create_task(self._beat(ws)),
                 asyncio.create_task(self._watch_inventory(credential)),
+                asyncio.create_task(self._send_outbox(ws)),
             }
             if self.options.accounts is not None:
                 tasks.add(asyncio.create_task(self._watch_accounts(credential, self.options.accounts)))
@@ -205,18 +241,108 @@ class Agent:
             if isinstance(message, Ack):
                 self.acked_seq = max(self.acked_seq, message.seq)
                 self.ever_acked = True
+            elif isinstance(message, FaultCommand):
+                await ws.send(self.apply_fault(message).model_dump_json())
         raise Unavailable("the head closed the channel normally")
 
     async def _beat(self, ws: ClientConnection) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         while True:
-            self.seq += 1
-            await ws.send(Heartbeat(seq=self.seq).model_dump_json())
-            self.last_heartbeat_at = time.time()
+            if not self.crashed:
+                self.seq += 1
+                await ws.send(Heartbeat(seq=self.seq).model_dump_json())
+                self.last_heartbeat_at = time.time()
             # Fixed rate: a late beat shortens the next wait rather than shifting every later one.
             next_at = max(next_at + self.interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
+
+    # -- metrics, events, faults --------------------------------------------------------------------
+    async def _collect_metrics(self, source: SampleSource) -> None:
+        """Sample every interval, in a worker thread so a slow NVML never delays a heartbeat."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            await self._running.wait()
+            try:
+                sample, events = await asyncio.to_thread(source.collect)
+            except Exception:  # the sampler raises nothing on purpose; a bug in it must not end metrics
+                log.exception("metrics round failed")
+            else:
+                if self._running.is_set():
+                    self.outbox.add_events(events)
+                    self.outbox.add_sample(sample)
+                    self._outbox_ready.set()
+            next_at = max(next_at + self.options.metrics_interval_s, loop.time())
+            await asyncio.sleep(next_at - loop.time())
+
+    async def _watch_events(self, source: EventSource) -> None:
+        """Queue Xid events as they come: a blocking source waits in a thread (1 s at a time), the
+        simulator's is polled when a fault was injected and once a metrics interval otherwise."""
+        while True:
+            if source.blocking:
+                events = await asyncio.to_thread(source.poll, 1000)
+            else:
+                events = source.poll(0)
+                if not events:
+                    self._events_wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.options.metrics_interval_s):
+                            await self._events_wake.wait()
+                    continue
+            if events:
+                self.outbox.add_events(events)
+                self._outbox_ready.set()
+
+    async def _send_outbox(self, ws: ClientConnection) -> None:
+        """Send what the outbox holds, events first, whenever something is queued."""
+        while True:
+            self._outbox_ready.clear()
+            while self._running.is_set() and (message := self.outbox.next_message()) is not None:
+                await ws.send(message.text)
+                self.outbox.sent(message)
+            await self._outbox_ready.wait()
+
+    def apply_fault(self, command: FaultCommand) -> FaultResult:
+        """Inject or heal a simulated fault; a real agent (no fault target) refuses. Raises nothing: the
+        answer says what happened."""
+        target = self.options.faults
+        if target is None:
+            return FaultResult(id=command.id, ok=False, message=REFUSED_ON_REAL_NODES)
+        try:
+            if command.action == "heal":
+                done = target.heal()
+                if self.crashed or self.hung:
+                    done = f"{done}; the agent runs normally again".lstrip("; ")
+                self._set_mode(crashed=False, hung=False)
+            elif command.kind is None:
+                raise InvalidInput("inject needs a fault kind")
+            elif command.kind in AGENT_FAULTS:
+                done = self._agent_fault(command.kind)
+            else:
+                done = target.inject(command.kind, command.gpu)
+                self._events_wake.set()  # an injected Xid goes out now, not at the next poll
+        except GpufleetError as exc:
+            log.info("fault %s %s refused: %s", command.action, command.kind or "", exc)
+            return FaultResult(id=command.id, ok=False, message=str(exc)[:512])
+        log.warning("simulated fault: %s %s: %s", command.action, command.kind or "", done)
+        return FaultResult(id=command.id, ok=True, message=done[:512])
+
+    def _agent_fault(self, kind: str) -> str:
+        if kind == "node-crash":
+            self.outbox.clear()  # a crashed node loses what it had not sent
+            self._set_mode(crashed=True, hung=self.hung)
+            return "node crashed: no heartbeats, metrics or events until healed"
+        self._set_mode(crashed=self.crashed, hung=True)
+        return "agent hung: heartbeats go on, metrics and events stop until healed"
+
+    def _set_mode(self, *, crashed: bool, hung: bool) -> None:
+        self.crashed, self.hung = crashed, hung
+        if crashed or hung:
+            self._running.clear()
+        else:
+            self._running.set()
+            self._outbox_ready.set()  # send what waited
 
     async def _watch_inventory(self, credential: Credential) -> None:
         """Its own task: a slow nvidia-smi or a slow PUT must never delay a heartbeat."""

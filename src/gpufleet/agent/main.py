@@ -13,6 +13,11 @@ from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.gpu.smi import NvidiaSmiReader
 from gpufleet.agent.host import read_host_facts
 from gpufleet.agent.inventory import inventory_source
+from gpufleet.agent.metrics.gpu import GpuCollector
+from gpufleet.agent.metrics.host import HostCollector
+from gpufleet.agent.metrics.infiniband import IbCollector
+from gpufleet.agent.metrics.sampler import Sampler
+from gpufleet.agent.metrics.xid import XidBook, XidWatcher
 from gpufleet.agent.trust import head_context
 from gpufleet.client import AgentHttp
 from gpufleet.core.config import Settings
@@ -27,6 +32,9 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
     if settings.accounts_sync:
         accounts = AccountSync(settings.accounts_root, settings.agent_state_dir / "accounts.json")
 
+    xids = XidBook()
+    metrics = Sampler([GpuCollector(xids=xids), HostCollector(), IbCollector()])
+    events = XidWatcher(book=xids)
     secret, pin = split_join_token(join_token) if join_token else (None, None)
 
     async def main() -> None:
@@ -44,6 +52,9 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
                 heartbeat_interval_s=heartbeat_interval_s,
                 accounts=accounts,
                 accounts_interval_s=settings.accounts_interval_s,
+                metrics=metrics,
+                events=events,
+                metrics_interval_s=settings.metrics_interval_s,
             )
             await Agent(options, store, AgentHttp(settings.server, http), read).run()
 

@@ -22,7 +22,19 @@ from gpufleet.api.context import HeadContext
 from gpufleet.api.deps import allow
 from gpufleet.api.hub import ChannelHub
 from gpufleet.api.limits import BodySizeLimit
-from gpufleet.api.routers import agent, audit_log, nodes, projects, status_page, tokens, users, web_login
+from gpufleet.api.routers import (
+    agent,
+    audit_log,
+    nodes,
+    projects,
+    status_page,
+    tokens,
+    users,
+    web_login,
+)
+from gpufleet.api.routers import (
+    monitoring as monitoring_routes,
+)
 from gpufleet.auth import identity
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.throttle import LoginThrottle
@@ -31,7 +43,13 @@ from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import ConfigError
+from gpufleet.jobs.builtin import BuiltinWorkloadManager
+from gpufleet.monitoring.dispatch import Notifications
+from gpufleet.monitoring.health import HealthJudge
+from gpufleet.monitoring.store import Retention
+from gpufleet.monitoring.tracker import HealthTracker
 from gpufleet.workers.head_loops import HeadLoops
+from gpufleet.workers.monitoring_loops import MonitoringLoops
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
@@ -66,6 +84,7 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     audit_log.router,
     users.router,
     projects.router,
+    monitoring_routes.router,
 )
 
 
@@ -90,7 +109,28 @@ def create_app(
     """Build the head node's app. With `run_loops`, the lifespan runs the background loops."""
     clock = clock or SystemClock()
     hub = ChannelHub()
-    loops = HeadLoops(settings=settings, sessions=sessions, clock=clock, on_durable=hub.acknowledge)
+    judge = HealthJudge(
+        tracker=HealthTracker(),
+        workload=BuiltinWorkloadManager(clock),
+        metrics_interval_s=settings.metrics_interval_s,
+        resume_after_rounds=settings.resume_after_healthy_samples,
+    )
+    notifications = Notifications(sessions, settings.external_url)
+    monitoring = MonitoringLoops(
+        sessions=sessions,
+        clock=clock,
+        judge=judge,
+        is_leader=lambda: loops.is_leader,
+        on_alerts=notifications.submit,
+        retention=Retention(settings.metrics_raw_retention_s, settings.metrics_rollup_retention_s),
+    )
+    loops = HeadLoops(
+        settings=settings,
+        sessions=sessions,
+        clock=clock,
+        on_durable=hub.acknowledge,
+        on_changes=monitoring.liveness_changed,
+    )
     ca_pem = _served_ca(settings)
     ctx = HeadContext(
         ca_pem=ca_pem,
@@ -100,6 +140,7 @@ def create_app(
         clock=clock,
         hub=hub,
         loops=loops,
+        monitoring=monitoring,
         identity=identity.provider(settings.identity_provider),
         throttle=LoginThrottle(clock),
     )
@@ -107,14 +148,16 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         hub.bind(asyncio.get_running_loop())
+        notifications.bind(asyncio.get_running_loop())
         stop = asyncio.Event()
-        task = asyncio.create_task(loops.run(stop)) if run_loops else None
+        tasks = [asyncio.create_task(loops.run(stop)), asyncio.create_task(monitoring.run(stop))] if run_loops else []
         try:
             yield
         finally:
             stop.set()
-            if task is not None:
+            for task in tasks:
                 await task
+            await notifications.close()
 
     app = FastAPI(
         title="gpufleet",

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket
 
+from gpufleet.core.errors import Conflict
 from gpufleet.inventory.liveness import Receipt
-from gpufleet.protocol.messages import CLOSE_REPLACED, Ack
+from gpufleet.protocol.messages import CLOSE_REPLACED, Ack, FaultResult
+from gpufleet.protocol.metrics import FaultCommand
 
 OUTBOX_LIMIT = 64
 
@@ -50,6 +52,7 @@ class ChannelHub:
     def __init__(self) -> None:
         self._channels: dict[int, Channel] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._commands: dict[int, asyncio.Future[FaultResult]] = {}
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -63,9 +66,29 @@ class ChannelHub:
             old.close(CLOSE_REPLACED, "replaced by a newer connection of the same node")
         self._channels[channel.node_id] = channel
 
-    def unregister(self, channel: Channel) -> None:
+    def unregister(self, channel: Channel) -> bool:
+        """Forget `channel`; False if a newer channel of the node had already replaced it."""
         if self._channels.get(channel.node_id) is channel:
             del self._channels[channel.node_id]
+            return True
+        return False
+
+    def command(self, node_id: int, command: FaultCommand) -> asyncio.Future[FaultResult]:
+        """Send a command down a node's channel; the future gets the agent's answer. Raises Conflict
+        when this replica holds no channel of the node."""
+        channel = self._channels.get(node_id)
+        if channel is None:
+            raise Conflict("the node has no open channel to this head (is its agent running?)")
+        future: asyncio.Future[FaultResult] = asyncio.get_running_loop().create_future()
+        self._commands[command.id] = future
+        future.add_done_callback(lambda _f: self._commands.pop(command.id, None))
+        channel.send(command.model_dump_json())
+        return future
+
+    def command_answered(self, result: FaultResult) -> None:
+        future = self._commands.get(result.id)
+        if future is not None and not future.done():
+            future.set_result(result)
 
     def acknowledge(self, receipts: dict[int, Receipt]) -> None:
         """Called from the flush thread once receipts are durable; hands the acks to the event loop."""

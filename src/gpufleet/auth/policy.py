@@ -1,7 +1,7 @@
 """Who may do what: the one policy table. Routes name a permission; only `api.deps.allow` checks it.
 
-Roles are the issue's: `admin` (everything), `operator` (nodes, join tokens; not users or the audit
-log), `member` and `viewer` (read the cluster; members will also run their projects' jobs), and
+Roles are the issue's: `admin` (everything), `operator` (nodes, drains, alerts, join tokens; not
+users or the audit log), `member` and `viewer` (read the cluster; members will also run their projects' jobs), and
 `node`, which is what an agent's own credential is: it may only report for its own node.
 """
 
@@ -32,6 +32,8 @@ class Permission(enum.StrEnum):
     PROJECTS_READ = "projects:read"
     PROJECTS_WRITE = "projects:write"
     AUDIT_READ = "audit:read"
+    ALERTS_READ = "alerts:read"
+    ALERTS_WRITE = "alerts:write"  # acknowledge, silence, manage receivers
     AGENT_REPORT = "agent:report"  # a node reporting about itself
 
 
@@ -42,6 +44,7 @@ _READ_CLUSTER = frozenset(
         Permission.NODES_READ,
         Permission.PROJECTS_READ,
         Permission.TOKENS_OWN,
+        Permission.ALERTS_READ,
     }
 )
 # What a token with scope "read" may still do, whatever its role.
@@ -49,7 +52,8 @@ READ_SCOPE = frozenset(p for p in Permission if p.value.endswith(":read")) | {Pe
 
 POLICY: dict[Role, frozenset[Permission]] = {
     Role.ADMIN: frozenset(Permission) - {Permission.AGENT_REPORT},
-    Role.OPERATOR: _READ_CLUSTER | {Permission.NODES_WRITE, Permission.TOKENS_READ, Permission.TOKENS_WRITE},
+    Role.OPERATOR: _READ_CLUSTER
+    | {Permission.NODES_WRITE, Permission.TOKENS_READ, Permission.TOKENS_WRITE, Permission.ALERTS_WRITE},
     Role.MEMBER: _READ_CLUSTER,
     Role.VIEWER: _READ_CLUSTER,
     Role.NODE: frozenset({Permission.AGENT_REPORT}),

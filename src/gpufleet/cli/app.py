@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gpufleet import __version__
-from gpufleet.cli import audit, config, nodes, projects, tokens, users
+from gpufleet.cli import audit, config, monitoring, nodes, projects, tokens, users
 from gpufleet.cli.state import CliState
 
 app = typer.Typer(
@@ -43,4 +43,7 @@ app.add_typer(config.app, name="config")
 app.add_typer(audit.app, name="audit")
 app.add_typer(users.app, name="user")
 app.add_typer(projects.app, name="project")
+app.add_typer(monitoring.metrics_app, name="metrics")
+app.add_typer(monitoring.alert_app, name="alert")
+app.command("health")(monitoring.health)
 app.command("login")(config.login)

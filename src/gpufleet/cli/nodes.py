@@ -1,4 +1,4 @@
-"""gpufleet node add|list|show|remove|clone"""
+"""gpufleet node add|list|show|remove|clone|drain|resume"""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gpufleet.cli.state import state
 from gpufleet.core import hostlist
 from gpufleet.core.errors import InvalidInput
 
-app = typer.Typer(help="Nodes: add, list, show, remove, clone.", no_args_is_help=True)
+app = typer.Typer(help="Nodes: add, list, show, remove, clone, drain, resume.", no_args_is_help=True)
 
 LIST_COLUMNS = [
     ("name", "Node"),
@@ -161,3 +161,28 @@ def clone(
         print_json(added)
     else:
         typer.echo(f"cloned {source} to {len(added)} node(s): {hostlist.collect([n['name'] for n in added])}")
+
+
+@app.command("drain")
+def drain(
+    ctx: typer.Context,
+    name: str,
+    reason: Annotated[str, typer.Option(help="why; shown with the node, and kept in the audit log")],
+    output: Format = OutputOpt,
+) -> None:
+    """Keep new work off a node. gpufleet never undoes a drain made here."""
+    result = state(ctx).client().drain(name, reason)
+    if output is Format.json:
+        print_json(result)
+    else:
+        typer.echo(f"node {name} drained: {result['drain_reason']}")
+
+
+@app.command("resume")
+def resume(ctx: typer.Context, name: str, output: Format = OutputOpt) -> None:
+    """Let work land on a drained node again."""
+    result = state(ctx).client().resume(name)
+    if output is Format.json:
+        print_json(result)
+    else:
+        typer.echo(f"node {name} resumed (health: {result['health']})")

@@ -53,6 +53,17 @@ class Settings(BaseSettings):
         10.0, ge=0, le=3600, description="time a new leader gives every node to reconnect before sweeping it"
     )
     max_request_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    metrics_interval_s: float = Field(
+        5.0, ge=0.1, le=3600, description="how often agents sample metrics (the head judges staleness by it)"
+    )
+    metrics_raw_retention_s: float = Field(86_400.0, ge=60, description="how long raw metric samples are kept")
+    metrics_rollup_retention_s: float = Field(
+        30 * 86_400.0, ge=3600, description="how long one-minute metric roll-ups are kept"
+    )
+    resume_after_healthy_samples: int = Field(
+        3, ge=1, le=1000, description="healthy samples in a row before a node gpufleet drained is resumed"
+    )
+    external_url: str | None = Field(None, description="the head's URL as people reach it, for links in alerts")
     identity_provider: str = Field("local", description="who checks user names and passwords (local)")
     web_session_ttl_s: int = Field(12 * 3600, ge=60, le=30 * 24 * 3600, description="how long a web login lasts")
     tls_cert: Path | None = Field(

@@ -40,6 +40,18 @@ class Node(Base):
     gpu_source: Mapped[str | None] = mapped_column(String(16), default=None)
     inventory_fingerprint: Mapped[str | None] = mapped_column(String(64), default=None)
     inventory_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # The most GPUs the node ever reported: a GPU that falls off the bus drops out of the inventory,
+    # and must not drop out of what the node is expected to have.
+    expected_gpus: Mapped[int] = mapped_column(Integer, default=0)
+    # Health verdict (monitoring.health) and the reasons for it.
+    health: Mapped[str] = mapped_column(String(16), default="unknown")
+    health_reasons: Mapped[list[str]] = mapped_column(JSON, default=list)
+    health_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # Drained: no new work lands here. A reason starting "gpufleet:" marks a drain gpufleet made
+    # itself and may undo; any other drain is a person's and only a person resumes it.
+    drained_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    drain_reason: Mapped[str | None] = mapped_column(String(512), default=None)
+    drained_by: Mapped[str | None] = mapped_column(String(128), default=None)
 
     gpus: Mapped[list[Gpu]] = relationship(
         back_populates="node", cascade="all, delete-orphan", order_by="Gpu.index", lazy="selectin"

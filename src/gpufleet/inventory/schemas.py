@@ -46,6 +46,9 @@ class NodeOut(BaseModel):
     category: str | None
     labels: dict[str, Any]
     last_seen: datetime | None
+    health: str = "unknown"  # healthy | degraded | failed | unknown (no metrics yet)
+    health_reasons: list[str] = Field(default_factory=list)
+    drain_reason: str | None = None  # set while the node is drained
 
 
 class TransitionOut(BaseModel):

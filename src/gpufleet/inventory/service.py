@@ -135,6 +135,7 @@ def apply_inventory(session: Session, clock: Clock, node: Node, inventory: NodeI
     node.gpu_source = inventory.gpu_source
     node.inventory_fingerprint = fingerprint
     node.inventory_at = to_datetime(clock.now())
+    node.expected_gpus = max(node.expected_gpus or 0, len(inventory.gpus))
     node.gpus.clear()
     session.flush()  # delete the old rows before inserting ones with the same (node_id, index)
     node.gpus.extend(Gpu(**gpu.model_dump()) for gpu in inventory.gpus)
@@ -179,6 +180,9 @@ def to_out(node: Node) -> NodeOut:
         category=node.category,
         labels=node.labels,
         last_seen=node.last_seen,
+        health=node.health,
+        health_reasons=list(node.health_reasons or ()),
+        drain_reason=node.drain_reason,
     )
 
 

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
 
 from gpufleet.protocol.inventory import NodeInventory
+from gpufleet.protocol.metrics import FaultCommand, NodeEvent, Sample
 
 NODE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 NodeName = Annotated[str, StringConstraints(pattern=NODE_NAME_RE)]
@@ -69,8 +70,36 @@ class Heartbeat(BaseModel):
     seq: int = Field(ge=0)
 
 
-AgentMessage = Annotated[Hello | Heartbeat, Field(discriminator="type")]
-agent_message_adapter: TypeAdapter[Hello | Heartbeat] = TypeAdapter(AgentMessage)
+class Metrics(BaseModel):
+    """Samples, usually one; more when the agent catches up after a reconnect (oldest first)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["metrics"] = "metrics"
+    samples: list[Sample] = Field(min_length=1, max_length=64)
+
+
+class Events(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["events"] = "events"
+    events: list[NodeEvent] = Field(min_length=1, max_length=256)
+
+
+class FaultResult(BaseModel):
+    """The agent's answer to a FaultCommand: applied, or refused with the reason."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["fault_result"] = "fault_result"
+    id: int
+    ok: bool
+    message: Annotated[str, StringConstraints(max_length=512)] = ""
+
+
+AnyAgentMessage = Hello | Heartbeat | Metrics | Events | FaultResult
+AgentMessage = Annotated[AnyAgentMessage, Field(discriminator="type")]
+agent_message_adapter: TypeAdapter[AnyAgentMessage] = TypeAdapter(AgentMessage)
 
 
 class Welcome(BaseModel):
@@ -88,5 +117,6 @@ class Ack(BaseModel):
     seq: int
 
 
-HeadMessage = Annotated[Welcome | Ack, Field(discriminator="type")]
-head_message_adapter: TypeAdapter[Welcome | Ack] = TypeAdapter(HeadMessage)
+AnyHeadMessage = Welcome | Ack | FaultCommand
+HeadMessage = Annotated[AnyHeadMessage, Field(discriminator="type")]
+head_message_adapter: TypeAdapter[AnyHeadMessage] = TypeAdapter(HeadMessage)

@@ -20,10 +20,17 @@ from gpufleet.agent.credentials import CredentialStore
 from gpufleet.agent.daemon import Agent, AgentOptions
 from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.inventory import inventory_source
+from gpufleet.agent.metrics.gpu import GpuCollector
+from gpufleet.agent.metrics.infiniband import IbCollector
+from gpufleet.agent.metrics.sampler import Sampler
+from gpufleet.agent.metrics.xid import XidBook, XidWatcher
 from gpufleet.client import AgentHttp
 from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.protocol.inventory import MAX_GPUS_PER_NODE
+from gpufleet.sim.faults import SimulatedFaults
 from gpufleet.sim.host import simulated_host
+from gpufleet.sim.host_metrics import SimulatedHostMetrics
+from gpufleet.sim.infiniband import SimulatedInfiniband
 from gpufleet.sim.nvml import SimulatedNvml
 
 log = logging.getLogger(__name__)
@@ -47,6 +54,9 @@ class SimOptions:
     heartbeat_interval_s: float | None = None
     ramp_s: float | None = None  # spread the joins; default: 5 ms a node
     tls_context: ssl.SSLContext | None = None  # the head's pinned CA (agent.trust), for https servers
+    metrics_interval_s: float | None = 5.0  # None: no metrics (heartbeats only)
+    metrics_backlog: int = 12  # samples each node keeps while the head is away (1,000 nodes hold them all)
+    ib_ports: int = 4  # simulated InfiniBand ports per node
 
 
 @dataclass
@@ -85,8 +95,24 @@ class Simulation:
                 heartbeat_interval_s=opts.heartbeat_interval_s,
                 tls_context=opts.tls_context,
             )
+            self._add_metrics(agent_opts, name, nvml)
             store = CredentialStore(opts.state_dir / "nodes" / f"{name}.json")
             self.agents[name] = Agent(agent_opts, store, http, read)
+
+    def _add_metrics(self, options: AgentOptions, name: str, nvml: SimulatedNvml) -> None:
+        """The real collectors over the node's simulated NVML and ports, and those as its fault target."""
+        infiniband = SimulatedInfiniband(self.options.ib_ports)
+        options.faults = SimulatedFaults(nvml, infiniband)
+        if self.options.metrics_interval_s is None:
+            return
+        xids = XidBook()
+        options.metrics = Sampler(
+            [GpuCollector(nvml, xids=xids), SimulatedHostMetrics(name, nvml), IbCollector(infiniband)]
+        )
+        # The simulated event set answers at once: polled on the loop, not from a thread per node.
+        options.events = XidWatcher(nvml, xids, blocking=False)
+        options.metrics_interval_s = self.options.metrics_interval_s
+        options.metrics_backlog = self.options.metrics_backlog
 
     def start_node(self, name: str) -> None:
         task = self.tasks.get(name)

@@ -57,6 +57,7 @@ class HeadLoops:
     book: HeartbeatBook = field(default_factory=HeartbeatBook)
     holder: str = field(default_factory=replica_id)
     on_durable: OnDurable = lambda _receipts: None
+    on_changes: Callable[[list[Change]], None] = lambda _changes: None  # state changes, for alerts
     leader_since: float | None = None
     lease_valid_until: float = 0.0
     view: dict[int, UpNode] | None = None
@@ -147,6 +148,8 @@ class HeadLoops:
         def report(changes: list[Change]) -> None:
             for change in changes:
                 log.info("node %s is %s: %s", change.name, change.to_state, change.reason)
+            if changes:
+                self.on_changes(changes)
 
         async def flush_step() -> None:
             report(await in_loop_thread(self.flush_once))

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from gpufleet.agent.gpu.nvml_api import is_gpu_lost
 from gpufleet.agent.gpu.ports import GpuReadError, as_text, bytes_to_mib, normalise_pci_bus_id
 from gpufleet.protocol.inventory import GpuInfo, GpuSource, Mode
 
@@ -50,7 +51,8 @@ class NvmlReader:
 
         Raises GpuReadError when the library is missing, NVML cannot start, or the device count,
         a device handle or a field every GPU must have (name, UUID, PCI bus id, memory) cannot be read.
-        Optional fields the GPU does not support come back as None instead.
+        Optional fields the GPU does not support come back as None instead. A GPU NVML reports lost
+        (fallen off the bus) is left out, so the inventory still lists the GPUs that work.
         """
         nvml = self._started()
         driver = self._optional(nvml, "nvmlSystemGetDriverVersion", as_text)
@@ -58,8 +60,13 @@ class NvmlReader:
         count: int = self._required(nvml, "nvmlDeviceGetCount")
         gpus = []
         for index in range(count):
-            handle = self._required(nvml, "nvmlDeviceGetHandleByIndex", index, gpu=index)
-            gpus.append(self._read_device(nvml, index, handle, driver, cuda))
+            try:
+                handle = self._required(nvml, "nvmlDeviceGetHandleByIndex", index, gpu=index)
+                gpus.append(self._read_device(nvml, index, handle, driver, cuda))
+            except GpuReadError as exc:
+                if exc.__cause__ is None or not is_gpu_lost(exc.__cause__):
+                    raise
+                logger.warning("leaving GPU %d out of the inventory: %s", index, exc)
         return gpus
 
     def nvml_version(self) -> str | None:

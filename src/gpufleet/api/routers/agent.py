@@ -28,10 +28,13 @@ from gpufleet.protocol.messages import (
     CLOSE_UNAUTHORIZED,
     MAX_CHANNEL_MESSAGE_BYTES,
     MAX_INVENTORY_BYTES,
+    Events,
+    FaultResult,
     Heartbeat,
     Hello,
     JoinRequest,
     JoinResponse,
+    Metrics,
     Welcome,
     agent_message_adapter,
 )
@@ -120,7 +123,8 @@ async def channel(ws: WebSocket) -> None:
     except (WebSocketDisconnect, RuntimeError):
         pass  # the agent went away, or this side closed the socket (node replaced or removed)
     finally:
-        ctx.hub.unregister(chan)
+        if ctx.hub.unregister(chan):
+            ctx.monitoring.tracker.forget(node_id)  # another replica may hold the node now
         writer.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await writer
@@ -148,10 +152,16 @@ async def _serve(ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None
             wanted = message.inventory_fingerprint is None or message.inventory_fingerprint != fingerprint
             chan.send(Welcome(node=chan.name, inventory_wanted=wanted).model_dump_json())
             ctx.loops.book.record(chan.node_id, ctx.clock.now(), interval, 0)
+        elif interval is None:
+            return CLOSE_BAD_MESSAGE, f"{message.type} before hello"
         elif isinstance(message, Heartbeat):
-            if interval is None:
-                return CLOSE_BAD_MESSAGE, "heartbeat before hello"
             ctx.loops.book.record(chan.node_id, ctx.clock.now(), interval, message.seq)
+        elif isinstance(message, Metrics):
+            ctx.monitoring.ingest(chan.node_id, message.samples)
+        elif isinstance(message, Events):
+            ctx.monitoring.events(chan.node_id, message.events)
+        elif isinstance(message, FaultResult):
+            ctx.hub.command_answered(message)
 
 
 def _etag_matches(if_none_match: str | None, etag: str) -> bool:

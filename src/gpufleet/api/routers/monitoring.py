@@ -1,0 +1,202 @@
+"""Metrics, health, drains, simulator faults, alerts, silences and receivers over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+
+from gpufleet.api.deps import Ctx, allow, tx
+from gpufleet.auth.policy import Permission
+from gpufleet.auth.schemas import Principal
+from gpufleet.core.durations import parse_duration
+from gpufleet.core.errors import InvalidInput, Unavailable
+from gpufleet.inventory import service as inventory
+from gpufleet.inventory.models import Node
+from gpufleet.jobs import service as jobs
+from gpufleet.monitoring import alerts, receivers, store
+from gpufleet.monitoring.schemas import (
+    AlertOut,
+    DrainRequest,
+    FaultOutcome,
+    FaultRequest,
+    MetricPoint,
+    MetricSeries,
+    NodeHealth,
+    ReceiverOut,
+    SilenceCreate,
+    SilenceOut,
+)
+from gpufleet.protocol.metrics import FaultCommand
+
+router = APIRouter(tags=["monitoring"])
+FAULT_ANSWER_TIMEOUT_S = 10.0
+_command_ids = itertools.count(1)
+
+
+def _health(node: Node) -> NodeHealth:
+    return NodeHealth(
+        node=node.name,
+        state=node.state.value,
+        health=node.health,
+        reasons=list(node.health_reasons or ()),
+        since=node.health_since,
+        drained=node.drained_at is not None,
+        drained_at=node.drained_at,
+        drain_reason=node.drain_reason,
+        drained_by=node.drained_by,
+    )
+
+
+@router.get("/nodes/{name}/metrics")
+def node_metrics(
+    name: str,
+    _: Annotated[Principal, allow(Permission.NODES_READ)],
+    ctx: Ctx,
+    metric: Annotated[str, Query(max_length=64, description="e.g. gpu_util")],
+    entity: Annotated[str, Query(max_length=256, description="host, gpu:N, disk:/, nic:IF, ib:DEV/PORT")] = "host",
+    since: Annotated[str, Query(description="how far back, e.g. 1h")] = "1h",
+    step: Annotated[str | None, Query(description="bucket width, e.g. 1m; default: about 120 points")] = None,
+) -> MetricSeries:
+    now = ctx.clock.now()
+    span = parse_duration(since)
+    step_s = float(parse_duration(step)) if step else max(span / 120, 1.0)
+    with tx(ctx, readonly=True) as db:
+        node = inventory.get_node(db, name)
+        try:
+            points = store.query(db, node.id, entity, metric, now - span, now, step_s, ctx.monitoring.retention, now)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+    return MetricSeries(
+        node=name,
+        entity=entity,
+        metric=metric,
+        step_s=step_s,
+        points=[MetricPoint(ts=t, value=v) for t, v in points],
+    )
+
+
+@router.get("/health")
+def fleet_health(
+    _: Annotated[Principal, allow(Permission.NODES_READ)],
+    ctx: Ctx,
+    names: Annotated[str | None, Query(description="hostlist filter")] = None,
+) -> list[NodeHealth]:
+    with tx(ctx, readonly=True) as db:
+        return [_health(n) for n in inventory.list_nodes(db, [names] if names else None)]
+
+
+@router.get("/nodes/{name}/health")
+def node_health(name: str, _: Annotated[Principal, allow(Permission.NODES_READ)], ctx: Ctx) -> NodeHealth:
+    """Is this node healthy, and if not, why."""
+    with tx(ctx, readonly=True) as db:
+        return _health(inventory.get_node(db, name))
+
+
+@router.post("/nodes/{name}/drain")
+def drain_node(
+    name: str, body: DrainRequest, caller: Annotated[Principal, allow(Permission.NODES_WRITE)], ctx: Ctx
+) -> NodeHealth:
+    """Keep new work off a node. A drain made here is never undone automatically."""
+    with tx(ctx) as db:
+        return _health(jobs.drain(db, ctx.monitoring.judge.workload, name, body.reason, caller.actor))
+
+
+@router.post("/nodes/{name}/resume")
+def resume_node(name: str, caller: Annotated[Principal, allow(Permission.NODES_WRITE)], ctx: Ctx) -> NodeHealth:
+    with tx(ctx) as db:
+        return _health(jobs.resume(db, ctx.monitoring.judge.workload, name, caller.actor))
+
+
+@router.post("/nodes/{name}/faults")
+async def inject_fault(
+    name: str, body: FaultRequest, _: Annotated[Principal, allow(Permission.NODES_WRITE)], ctx: Ctx, request: Request
+) -> FaultOutcome:
+    """Send a fault (or a heal) to a simulated node through its channel; real agents refuse."""
+    if body.action == "inject" and body.kind is None:
+        raise InvalidInput("inject needs a fault kind")
+    request.state.audit_target = f"{name}: {body.action} {body.kind or ''} {'' if body.gpu is None else body.gpu}"
+
+    def node_id() -> int:
+        with tx(ctx, readonly=True) as db:
+            return inventory.get_node(db, name).id
+
+    nid = await asyncio.to_thread(node_id)
+    command = FaultCommand(id=next(_command_ids), action=body.action, kind=body.kind, gpu=body.gpu)
+    answer = ctx.hub.command(nid, command)
+    try:
+        result = await asyncio.wait_for(answer, FAULT_ANSWER_TIMEOUT_S)
+    except TimeoutError:
+        raise Unavailable(f"node {name} did not answer within {FAULT_ANSWER_TIMEOUT_S:.0f} s") from None
+    if body.action == "heal" and result.ok:
+        ctx.monitoring.tracker.clear_events(nid)  # the simulated GPU is whole again: its Xids are history
+    return FaultOutcome(node=name, ok=result.ok, message=result.message)
+
+
+@router.get("/alerts")
+def list_alerts(
+    _: Annotated[Principal, allow(Permission.ALERTS_READ)],
+    ctx: Ctx,
+    status: Annotated[str | None, Query(pattern="^(firing|resolved)$")] = None,
+    node: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> list[AlertOut]:
+    with tx(ctx, readonly=True) as db:
+        return [AlertOut.model_validate(a) for a in alerts.list_alerts(db, status, node, limit)]
+
+
+@router.post("/alerts/{alert_id}/ack")
+def ack_alert(alert_id: int, caller: Annotated[Principal, allow(Permission.ALERTS_WRITE)], ctx: Ctx) -> AlertOut:
+    with tx(ctx) as db:
+        return AlertOut.model_validate(alerts.acknowledge(db, ctx.clock, alert_id, caller.actor))
+
+
+def _silence_out(s: Any) -> SilenceOut:
+    return SilenceOut(
+        id=s.id,
+        rule=s.rule,
+        node=s.node_name,
+        author=s.author,
+        comment=s.comment,
+        created_at=s.created_at,
+        expires_at=s.expires_at,
+    )
+
+
+@router.get("/silences")
+def list_silences(_: Annotated[Principal, allow(Permission.ALERTS_READ)], ctx: Ctx) -> list[SilenceOut]:
+    with tx(ctx, readonly=True) as db:
+        return [_silence_out(s) for s in alerts.list_silences(db, ctx.clock)]
+
+
+@router.post("/silences", status_code=201)
+def add_silence(
+    body: SilenceCreate, caller: Annotated[Principal, allow(Permission.ALERTS_WRITE)], ctx: Ctx
+) -> SilenceOut:
+    with tx(ctx) as db:
+        silence = alerts.add_silence(db, ctx.clock, body.rule, body.node, body.duration_s, caller.actor, body.comment)
+        return _silence_out(silence)
+
+
+@router.get("/alert-receivers")
+def list_receivers(_: Annotated[Principal, allow(Permission.ALERTS_WRITE)], ctx: Ctx) -> list[ReceiverOut]:
+    with tx(ctx, readonly=True) as db:
+        return [ReceiverOut(**r) for r in receivers.list_receivers(db)]
+
+
+@router.post("/alert-receivers", status_code=201)
+def add_receiver(
+    body: dict[str, Any], _: Annotated[Principal, allow(Permission.ALERTS_WRITE)], ctx: Ctx, request: Request
+) -> ReceiverOut:
+    """A webhook, Slack or email receiver (fields: see docs/notifications.md). Secrets are stored, never shown."""
+    request.state.audit_target = f"receiver {body.get('name')}"
+    with tx(ctx) as db:
+        return ReceiverOut(**receivers.add_receiver(db, ctx.clock, body))
+
+
+@router.delete("/alert-receivers/{name}", status_code=204)
+def remove_receiver(name: str, _: Annotated[Principal, allow(Permission.ALERTS_WRITE)], ctx: Ctx) -> None:
+    with tx(ctx) as db:
+        receivers.remove_receiver(db, name)

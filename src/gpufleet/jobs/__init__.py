@@ -1,0 +1,1 @@
+"""Jobs: the workload manager behind a protocol (the built-in one for now; Slurm in a later issue)."""

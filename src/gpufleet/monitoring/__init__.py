@@ -1,0 +1,1 @@
+"""Monitoring: metric storage, health verdicts, remediation, alerts and their notifications."""

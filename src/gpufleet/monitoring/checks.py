@@ -1,0 +1,235 @@
+"""Health checks: pure functions from what a node reported to findings. No I/O, no clock, no database.
+
+Each check looks at a `NodeSnapshot` (the node's recent samples, its recent events, what it is
+expected to have) and a `HealthPolicy` (thresholds), and returns findings. The verdict is the worst
+finding: `failed` takes the node out of service, `degraded` only tells people.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.protocol.metrics import NodeEvent
+
+Severity = Literal["degraded", "failed"]
+Values = dict[str, float]
+Entities = dict[str, Values]  # entity name -> metric -> value, as in one protocol Sample
+
+# Xids that mean the GPU cannot be trusted with the next job until it is reset or replaced, and their
+# meaning in a few words. Everything else is an application-level error (its own job's problem) and
+# makes the node `degraded` at most. NVIDIA's Xid catalog classes these as fatal; a test checks this
+# table against a copy of it.
+FATAL_XIDS: dict[int, str] = {
+    48: "double-bit ECC error",
+    62: "internal micro-controller halt",
+    64: "ECC page retirement or row remapping failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    140: "unrecoverable ECC error",
+    143: "GPU initialization failure",
+    144: "NVLink SAW error",
+    145: "NVLink RLW error",
+    149: "NVLink NETIR error",
+}
+# NVML clocks-event reasons (nvmlClocksEventReason*): the thermal and power brakes that mean a GPU is
+# being slowed by the hardware, not by its workload being light.
+CLOCKS_SW_POWER_CAP = 0x4
+CLOCKS_HW_SLOWDOWN = 0x8
+CLOCKS_SW_THERMAL = 0x20
+CLOCKS_HW_THERMAL = 0x40
+CLOCKS_HW_POWER_BRAKE = 0x80
+THROTTLE_MASK = CLOCKS_HW_SLOWDOWN | CLOCKS_SW_THERMAL | CLOCKS_HW_THERMAL | CLOCKS_HW_POWER_BRAKE
+IB_ACTIVE = 4
+
+
+class HealthPolicy(BaseModel):
+    """Thresholds and the checks in force; one per node category, the default for the rest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    disabled: list[str] = Field(default_factory=list, description="names of checks not to run")
+    gpu_temp_c: float = Field(90.0, description="GPU temperature at or above which the GPU is degraded")
+    throttle_samples: int = Field(3, ge=1, le=100, description="consecutive throttled samples that count")
+    retired_pages_dbe_max: int = Field(60, ge=0, description="DBE-retired pages before a GPU is degraded")
+    disk_used_degraded_pct: float = Field(90.0, ge=0, le=100)
+    disk_used_failed_pct: float = Field(98.0, ge=0, le=100)
+    mem_used_degraded_pct: float = Field(98.0, ge=0, le=100)
+    stale_after_intervals: float = Field(3.0, gt=1, description="missed sample intervals before metrics are stale")
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    severity: Severity
+    message: str
+
+
+@dataclass
+class NodeSnapshot:
+    """What the checks see of one node. `samples` are the latest first."""
+
+    expected_gpus: int
+    samples: Sequence[Entities] = ()
+    events: Sequence[NodeEvent] = ()
+    metrics_age_s: float | None = None  # seconds since the last sample arrived; None: none yet
+    metrics_interval_s: float = 5.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def latest(self) -> Entities:
+        return self.samples[0] if self.samples else {}
+
+    def gpus(self, sample: Entities | None = None) -> dict[int, Values]:
+        sample = self.latest if sample is None else sample
+        return {int(name[4:]): values for name, values in sample.items() if name.startswith("gpu:")}
+
+
+def _gpu(index: int | None) -> str:
+    return f"GPU {index}" if index is not None else "a GPU"
+
+
+def check_gpu_count(node: NodeSnapshot, _policy: HealthPolicy) -> list[Finding]:
+    lost = [e for e in node.events if e.kind == "gpu_lost"]
+    findings = [Finding("gpu_count", "failed", f"{_gpu(e.gpu)} lost: {e.message or 'gone from NVML'}") for e in lost]
+    if node.samples and node.expected_gpus:
+        seen = len(node.gpus())
+        if seen < node.expected_gpus and not lost:
+            findings.append(Finding("gpu_count", "failed", f"{seen} of {node.expected_gpus} GPUs report"))
+    return findings
+
+
+def check_xid(node: NodeSnapshot, _policy: HealthPolicy) -> list[Finding]:
+    findings = []
+    for event in node.events:
+        if event.kind != "xid" or event.code is None:
+            continue
+        meaning = FATAL_XIDS.get(event.code)
+        if meaning is not None:
+            findings.append(Finding("xid", "failed", f"{_gpu(event.gpu)}: Xid {event.code} ({meaning})"))
+        else:
+            findings.append(Finding("xid", "degraded", f"{_gpu(event.gpu)}: Xid {event.code}"))
+    return findings
+
+
+def check_ecc(node: NodeSnapshot, policy: HealthPolicy) -> list[Finding]:
+    findings = []
+    for index, v in sorted(node.gpus().items()):
+        if v.get("ecc_dbe_volatile", 0) > 0:
+            findings.append(
+                Finding("ecc", "failed", f"GPU {index}: {v['ecc_dbe_volatile']:.0f} uncorrectable ECC errors")
+            )
+        if v.get("remapped_rows_failure", 0) > 0:
+            findings.append(Finding("ecc", "failed", f"GPU {index}: row remapping failed"))
+        if v.get("remapped_rows_pending", 0) > 0:
+            findings.append(Finding("ecc", "degraded", f"GPU {index}: row remap pending, needs a GPU reset"))
+        if v.get("retired_pages_pending", 0) > 0:
+            findings.append(Finding("ecc", "degraded", f"GPU {index}: page retirement pending, needs a GPU reset"))
+        if v.get("retired_pages_dbe", 0) > policy.retired_pages_dbe_max:
+            findings.append(
+                Finding("ecc", "degraded", f"GPU {index}: {v['retired_pages_dbe']:.0f} pages retired for DBEs")
+            )
+    return findings
+
+
+def check_thermal(node: NodeSnapshot, policy: HealthPolicy) -> list[Finding]:
+    """Throttling counts only when it persists: a brief power-cap dip under load is normal."""
+    recent = list(node.samples[: policy.throttle_samples])
+    if len(recent) < policy.throttle_samples:
+        return []
+    findings = []
+    for index, latest in sorted(node.gpus().items()):
+        history = [node.gpus(s).get(index, {}) for s in recent]
+        reasons = [int(v.get("clocks_event_reasons", 0)) for v in history]
+        if all(r & THROTTLE_MASK for r in reasons):
+            kind = "thermal" if reasons[0] & (CLOCKS_SW_THERMAL | CLOCKS_HW_THERMAL) else "power or hardware"
+            findings.append(Finding("thermal", "degraded", f"GPU {index}: {kind} throttling for {len(recent)} samples"))
+        elif all(v.get("gpu_temp_c", 0) >= policy.gpu_temp_c for v in history):
+            findings.append(Finding("thermal", "degraded", f"GPU {index}: {latest['gpu_temp_c']:.0f} C"))
+    return findings
+
+
+def check_pcie(node: NodeSnapshot, _policy: HealthPolicy) -> list[Finding]:
+    """Lanes only: an idle GPU lowers its PCIe generation to save power, but never its width."""
+    findings = []
+    for index, v in sorted(node.gpus().items()):
+        width, width_max = v.get("pcie_link_width"), v.get("pcie_link_width_max")
+        if width is not None and width_max and width < width_max:
+            findings.append(Finding("pcie", "degraded", f"GPU {index}: PCIe link x{width:.0f} of x{width_max:.0f}"))
+    return findings
+
+
+def check_nvlink(node: NodeSnapshot, _policy: HealthPolicy) -> list[Finding]:
+    findings = []
+    for index, v in sorted(node.gpus().items()):
+        up, total = v.get("nvlink_links_up"), v.get("nvlink_links_total")
+        if up is not None and total and up < total:
+            findings.append(Finding("nvlink", "failed", f"GPU {index}: {total - up:.0f} of {total:.0f} NVLinks down"))
+    return findings
+
+
+def check_infiniband(node: NodeSnapshot, _policy: HealthPolicy) -> list[Finding]:
+    findings = []
+    for name, v in sorted(node.latest.items()):
+        if name.startswith("ib:") and v.get("ib_state", IB_ACTIVE) != IB_ACTIVE:
+            findings.append(Finding("infiniband", "failed", f"InfiniBand port {name[3:]} is not active"))
+    return findings
+
+
+def check_disks_and_memory(node: NodeSnapshot, policy: HealthPolicy) -> list[Finding]:
+    findings = []
+    for name, v in sorted(node.latest.items()):
+        used = v.get("disk_used_pct")
+        if name.startswith("disk:") and used is not None:
+            if used >= policy.disk_used_failed_pct:
+                findings.append(Finding("disk", "failed", f"{name[5:]} is {used:.0f} % full"))
+            elif used >= policy.disk_used_degraded_pct:
+                findings.append(Finding("disk", "degraded", f"{name[5:]} is {used:.0f} % full"))
+    mem = node.latest.get("host", {}).get("mem_used_pct")
+    if mem is not None and mem >= policy.mem_used_degraded_pct:
+        findings.append(Finding("memory", "degraded", f"memory {mem:.0f} % used"))
+    return findings
+
+
+def check_metrics_fresh(node: NodeSnapshot, policy: HealthPolicy) -> list[Finding]:
+    """An agent that heartbeats but stops sampling is hung in its collectors: its data is stale."""
+    stale_after = node.metrics_interval_s * policy.stale_after_intervals
+    if node.metrics_age_s is not None and node.metrics_age_s > stale_after:
+        return [Finding("metrics", "degraded", f"no metrics for {node.metrics_age_s:.0f} s")]
+    return []
+
+
+CHECKS: dict[str, Callable[[NodeSnapshot, HealthPolicy], list[Finding]]] = {
+    "gpu_count": check_gpu_count,
+    "xid": check_xid,
+    "ecc": check_ecc,
+    "thermal": check_thermal,
+    "pcie": check_pcie,
+    "nvlink": check_nvlink,
+    "infiniband": check_infiniband,
+    "disk": check_disks_and_memory,
+    "metrics": check_metrics_fresh,
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: Literal["healthy", "degraded", "failed"]
+    reasons: tuple[str, ...]
+
+
+def evaluate(node: NodeSnapshot, policy: HealthPolicy) -> Verdict:
+    """Run every check not disabled by the policy; the worst finding decides."""
+    findings = [f for name, check in CHECKS.items() if name not in policy.disabled for f in check(node, policy)]
+    failed = tuple(f.message for f in findings if f.severity == "failed")
+    if failed:
+        return Verdict("failed", failed + tuple(f.message for f in findings if f.severity == "degraded"))
+    if findings:
+        return Verdict("degraded", tuple(f.message for f in findings))
+    return Verdict("healthy", ())

@@ -1,0 +1,88 @@
+"""Tables for metric samples, their roll-ups, alerts and silences.
+
+Samples are stored one row per (node, entity, time) with the entity's values as compact JSON: a
+GPU's thirty-odd values arrive together and are read together, so one row instead of thirty keeps
+the write rate the head can sustain an order of magnitude higher (see bench/ingest.py). Times are
+Unix seconds (floats): they are compared and bucketed, never shown raw.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from gpufleet.core.db import Base, UTCDateTime
+
+
+class MetricSample(Base):
+    __tablename__ = "metric_samples"
+    __table_args__ = (Index("ix_metric_samples_node_entity_ts", "node_id", "entity", "ts"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    entity: Mapped[str] = mapped_column(String(256))
+    ts: Mapped[float] = mapped_column(Float, index=True)
+    values: Mapped[str] = mapped_column(Text)  # {"metric": value, ...}
+
+
+class MetricRollup(Base):
+    """One bucket (a minute by default) of one entity: per metric [min, max, sum, count]."""
+
+    __tablename__ = "metric_rollups"
+    __table_args__ = (Index("ix_metric_rollups_node_entity_bucket", "node_id", "entity", "bucket"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    entity: Mapped[str] = mapped_column(String(256))
+    bucket: Mapped[float] = mapped_column(Float, index=True)
+    values: Mapped[str] = mapped_column(Text)  # {"metric": [min, max, sum, count], ...}
+
+
+class Alert(Base):
+    """One alert: firing until its condition clears, then resolved. At most one firing per fingerprint."""
+
+    __tablename__ = "alerts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+    rule: Mapped[str] = mapped_column(String(64))
+    severity: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), index=True)  # firing | resolved
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    node_name: Mapped[str] = mapped_column(String(64))
+    gpu: Mapped[int | None] = mapped_column(Integer, default=None)
+    summary: Mapped[str] = mapped_column(String(512))
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    starts_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    ends_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    acked_by: Mapped[str | None] = mapped_column(String(128), default=None)
+    acked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    silenced: Mapped[bool] = mapped_column(default=False)
+
+
+class Silence(Base):
+    """Mutes notifications for alerts matching every given matcher until it expires."""
+
+    __tablename__ = "silences"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    rule: Mapped[str | None] = mapped_column(String(64), default=None)
+    node_name: Mapped[str | None] = mapped_column(String(64), default=None)
+    author: Mapped[str] = mapped_column(String(128))
+    comment: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+
+
+class Receiver(Base):
+    """Where notifications go (see monitoring.notifiers for the kinds and their fields)."""
+
+    __tablename__ = "alert_receivers"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

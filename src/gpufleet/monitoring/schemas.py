@@ -1,0 +1,98 @@
+"""API shapes for metrics, health, drains, faults, alerts, silences and receivers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from gpufleet.protocol.metrics import FaultKind
+
+
+class MetricPoint(BaseModel):
+    ts: float
+    value: float
+
+
+class MetricSeries(BaseModel):
+    node: str
+    entity: str
+    metric: str
+    step_s: float
+    points: list[MetricPoint]
+
+
+class NodeHealth(BaseModel):
+    node: str
+    state: str  # up/down/new: liveness
+    health: str
+    reasons: list[str]
+    since: datetime | None
+    drained: bool
+    drained_at: datetime | None
+    drain_reason: str | None
+    drained_by: str | None
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=500)]
+
+
+class FaultRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["inject", "heal"] = "inject"
+    kind: FaultKind | None = None
+    gpu: int | None = Field(default=None, ge=0, le=255)
+
+
+class FaultOutcome(BaseModel):
+    node: str
+    ok: bool
+    message: str
+
+
+class AlertOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    rule: str
+    severity: str
+    status: str
+    node_name: str
+    gpu: int | None
+    summary: str
+    labels: dict[str, Any]
+    starts_at: datetime
+    ends_at: datetime | None
+    acked_by: str | None
+    acked_at: datetime | None
+    silenced: bool
+
+
+class SilenceCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rule: str | None = None
+    node: str | None = None
+    duration_s: int = Field(ge=60, le=90 * 86_400)
+    comment: Annotated[str, StringConstraints(min_length=1, max_length=500)]
+
+
+class SilenceOut(BaseModel):
+    id: int
+    rule: str | None
+    node: str | None
+    author: str
+    comment: str
+    created_at: datetime
+    expires_at: datetime
+
+
+class ReceiverOut(BaseModel):
+    name: str
+    type: str
+    target: str  # where it sends, secrets masked

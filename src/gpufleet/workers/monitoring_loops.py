@@ -1,0 +1,175 @@
+"""The head's monitoring loops: store samples, judge health, drain and resume, raise alerts, roll up.
+
+Channels hand samples and events to `ingest`/`events` (event-loop thread, no I/O). The loops run
+their database work on their own thread, apart from the heartbeat loops', so a slow metrics write
+can never delay a heartbeat flush:
+
+- every `metrics_flush_s`, buffered samples are written in one batch;
+- every `health_pass_s`, nodes with news are judged (an Xid is judged within this, not at the next
+  sample); every few seconds all of this replica's nodes are, so stale metrics are noticed too;
+- the leader rolls samples up and prunes old ones every minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpufleet.core.clock import Clock
+from gpufleet.core.db import transaction
+from gpufleet.core.loops import run_periodic
+from gpufleet.inventory.liveness import Change
+from gpufleet.inventory.models import Node
+from gpufleet.monitoring import alerts, store
+from gpufleet.monitoring.health import HealthChange, HealthJudge
+from gpufleet.monitoring.models import Alert
+from gpufleet.monitoring.tracker import HealthTracker
+from gpufleet.protocol.metrics import NodeEvent, Sample
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+MAX_BUFFERED_ROWS = 2_000_000  # about a minute of 1,000 8-GPU nodes at 1 s; beyond it, drop the oldest
+FULL_PASS_EVERY = 20  # health passes: with 0.1 s passes, every node is judged at least every 2 s
+
+OnAlerts = Callable[[list[Alert]], None]
+
+
+@dataclass
+class MonitoringLoops:
+    sessions: sessionmaker[Session]
+    clock: Clock
+    judge: HealthJudge
+    is_leader: Callable[[], bool]
+    on_alerts: OnAlerts = lambda _alerts: None
+    retention: store.Retention = field(default_factory=store.Retention)
+    metrics_flush_s: float = 1.0
+    health_pass_s: float = 0.1
+    rollup_every_s: float = 60.0
+    _rows: list[dict[str, Any]] = field(default_factory=list)
+    _liveness: list[Change] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _passes: int = 0
+    dropped_rows: int = 0
+    stored_rows: int = 0
+
+    @property
+    def tracker(self) -> HealthTracker:
+        return self.judge.tracker
+
+    # -- called from the channels (event loop) and the heartbeat loops ------------------------------
+    def ingest(self, node_id: int, samples: list[Sample]) -> None:
+        rows = store.sample_rows(node_id, samples)
+        with self._lock:
+            self._rows.extend(rows)
+            excess = len(self._rows) - MAX_BUFFERED_ROWS
+            if excess > 0:  # the database cannot keep up: keep the newest, say so
+                del self._rows[:excess]
+                self.dropped_rows += excess
+        self.tracker.add_samples(node_id, samples, self.clock.now())
+
+    def events(self, node_id: int, events: list[NodeEvent]) -> None:
+        for event in events:
+            if event.kind == "collector_failed":
+                log.warning("node %s: collector failed: %s", node_id, event.message)
+        self.tracker.add_events(node_id, events)
+
+    def liveness_changed(self, changes: list[Change]) -> None:
+        with self._lock:
+            self._liveness.extend(changes)
+
+    # -- one pass of each loop (what the tests call) ------------------------------------------------
+    def flush_metrics_once(self) -> int:
+        with self._lock:
+            rows, self._rows = self._rows, []
+        if not rows:
+            return 0
+        try:
+            with transaction(self.sessions) as session:
+                store.write_rows(session, rows)
+        except IntegrityError:
+            # A node was removed while its samples waited here: keep the others.
+            with transaction(self.sessions) as session:
+                alive = set(session.scalars(select(Node.id)))
+                rows = [r for r in rows if r["node_id"] in alive]
+                store.write_rows(session, rows)
+        self.stored_rows += len(rows)
+        return len(rows)
+
+    def health_once(self, full: bool = False) -> list[HealthChange]:
+        nodes = self.tracker.take_dirty()
+        if full:
+            nodes |= set(self.tracker.tracked())
+        with self._lock:
+            liveness, self._liveness = self._liveness, []
+        if not nodes and not liveness:
+            return []
+        with transaction(self.sessions) as session:
+            changes = self.judge.run_pass(session, self.clock, nodes)
+            fired: list[Alert] = []
+            for change in changes:
+                fired += alerts.on_health_change(session, self.clock, change)
+            for live in liveness:
+                fired += alerts.on_liveness_change(
+                    session, self.clock, live.node_id, live.name, live.to_state, live.reason
+                )
+        for change in changes:
+            if change.drained:
+                log.warning("node %s drained: %s", change.node, change.drained)
+            elif change.resumed:
+                log.info("node %s resumed: healthy again", change.node)
+            if change.before != change.after:
+                log.info(
+                    "node %s health %s -> %s: %s", change.node, change.before, change.after, "; ".join(change.reasons)
+                )
+        if fired:
+            self.on_alerts(fired)
+        return changes
+
+    def rollup_once(self) -> int:
+        if not self.is_leader():
+            return 0
+        now = self.clock.now()
+        with transaction(self.sessions) as session:
+            written = store.rollup(session, now)
+            store.prune(session, now, self.retention)
+        return written
+
+    # -- the loops ----------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="monitoring")
+
+        async def in_thread(call: Callable[[], T]) -> T:
+            return await asyncio.get_running_loop().run_in_executor(executor, call)
+
+        async def flush_step() -> None:
+            await in_thread(self.flush_metrics_once)
+
+        async def health_step() -> None:
+            self._passes += 1
+            full = self._passes % FULL_PASS_EVERY == 0
+            await in_thread(lambda: self.health_once(full))
+
+        async def rollup_step() -> None:
+            await in_thread(self.rollup_once)
+
+        try:
+            await asyncio.gather(
+                run_periodic("metrics-flush", self.metrics_flush_s, flush_step, stop),
+                run_periodic("health", self.health_pass_s, health_step, stop),
+                run_periodic("metrics-rollup", self.rollup_every_s, rollup_step, stop),
+            )
+        finally:
+            try:
+                await in_thread(self.flush_metrics_once)
+            except Exception:
+                log.exception("final metrics flush failed")
+            executor.shutdown(wait=False)
