@@ -50,19 +50,31 @@ def free_port() -> int:
 
 
 def sample_template(gpus: int) -> tuple[str, int]:
-    """A metrics message with a `TS` placeholder, and how many values it carries."""
+    """A metrics message with a `"TS"` placeholder for the time, and how many values it carries."""
     rng = random.Random(7)
     entities: list[dict[str, Any]] = [
-        {"entity": "host", "values": {m: round(rng.uniform(0, 100), 2) for m in HOST_METRICS}},
-        {"entity": "disk:/", "values": {"disk_total_bytes": 1.9e12, "disk_used_pct": 41.5, "disk_inodes_used_pct": 3.2}},
+        {"entity": "host", "values": {m: round(rng.uniform(0, 60), 2) for m in HOST_METRICS}},
+        {
+            "entity": "disk:/",
+            "values": {"disk_total_bytes": 1.9e12, "disk_used_pct": 41.5, "disk_inodes_used_pct": 3.2},
+        },
         {"entity": "nic:eth0", "values": {m: float(rng.randint(0, 10**9)) for m in NIC_METRICS}},
-        {"entity": "ib:mlx5_0/1", "values": {m: float(rng.randint(0, 5)) for m in IB_METRICS}},
+        {"entity": "ib:mlx5_0/1", "values": dict.fromkeys(IB_METRICS, 0.0) | {"ib_state": 4.0, "ib_phys_state": 5.0}},
     ]
+    healthy = {  # what a healthy H200 reports for the counters and states the health checks read
+        "clocks_event_reasons": 0.0,
+        "pcie_link_width": 16.0,
+        "pcie_link_width_max": 16.0,
+        "nvlink_links_up": 18.0,
+        "nvlink_links_total": 18.0,
+        "gpu_temp_c": 45.0,
+    } | {m: 0.0 for m in GPU_METRICS if m.startswith(("ecc_", "retired_", "remapped_", "xid"))}
     for index in range(gpus):
-        entities.append({"entity": f"gpu:{index}", "values": {m: round(rng.uniform(0, 700), 2) for m in GPU_METRICS}})
+        values = {m: round(rng.uniform(0, 700), 2) for m in GPU_METRICS} | healthy
+        entities.append({"entity": f"gpu:{index}", "values": values})
     values = sum(len(e["values"]) for e in entities)
     message = json.dumps({"type": "metrics", "samples": [{"ts": "TS", "entities": entities}]})
-    return message.replace('"TS"', "{ts}"), values
+    return message, values
 
 
 def start_head(workdir: Path, port: int, interval: float) -> subprocess.Popen[bytes]:
@@ -74,7 +86,16 @@ def start_head(workdir: Path, port: int, interval: float) -> subprocess.Popen[by
         "GPUFLEET_METRICS_INTERVAL_S": str(interval),
         "GPUFLEET_HEARTBEAT_INTERVAL_S": "1.0",
     }
-    cmd = [sys.executable, "-m", "gpufleet.entry", "server", "--data-dir", str(workdir), "--listen", f"127.0.0.1:{port}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpufleet.entry",
+        "server",
+        "--data-dir",
+        str(workdir),
+        "--listen",
+        f"127.0.0.1:{port}",
+    ]
     log = (workdir / "server.log").open("wb")
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -113,12 +134,12 @@ async def one_node(ws_url: str, credential: str, template: str, interval: float,
         reader = asyncio.create_task(_drain(ws))
         seq = 0
         loop = asyncio.get_running_loop()
-        await asyncio.sleep(random.uniform(0, interval))  # noqa: S311 - spread the nodes over the interval
+        await asyncio.sleep(random.uniform(0, interval))
         next_at = loop.time()
         while time.time() < stop:
             seq += 1
             await ws.send(Heartbeat(seq=seq).model_dump_json())
-            await ws.send(template.format(ts=time.time()))
+            await ws.send(template.replace('"TS"', repr(time.time()), 1))
             sent[0] += 1
             next_at += interval
             await asyncio.sleep(max(0.0, next_at - loop.time()))
@@ -148,7 +169,6 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     template, values_per_sample = sample_template(args.gpus)
-    entities_per_sample = args.gpus + 4
     with tempfile.TemporaryDirectory(prefix="gpufleet-ingest-") as tmp:
         workdir = Path(tmp)
         port = free_port()
@@ -158,6 +178,23 @@ def main() -> int:
             wait_healthy(url, proc, workdir)
             credentials = join_all(url, args.nodes)
             head = psutil.Process(proc.pid)
+            if os.environ.get("INGEST_PROFILE"):  # e.g. INGEST_PROFILE=/tmp/head.txt: where the head spends its CPU
+                subprocess.Popen(
+                    [
+                        "py-spy",
+                        "record",
+                        "-p",
+                        str(proc.pid),
+                        "-d",
+                        str(int(args.duration)),
+                        "-f",
+                        "raw",
+                        "-o",
+                        os.environ["INGEST_PROFILE"],
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             me = psutil.Process()
             head_cpu0, me_cpu0 = sum(head.cpu_times()[:2]), sum(me.cpu_times()[:2])
             sent, started = asyncio.run(load(url, credentials, template, args.interval, args.duration))
@@ -170,7 +207,7 @@ def main() -> int:
             proc.wait(timeout=60)
         with sqlite3.connect(workdir / "gpufleet.db") as db:
             rows = db.execute("SELECT count(*) FROM metric_samples").fetchone()[0]
-    stored_values = rows / entities_per_sample * values_per_sample
+    stored_values = rows * values_per_sample  # one row per sample
     result = {
         "nodes": args.nodes,
         "gpus_per_node": args.gpus,

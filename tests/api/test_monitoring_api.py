@@ -38,7 +38,7 @@ def test_metrics_sent_on_the_channel_are_stored_and_queried(client: TestClient) 
         for i in range(10)
     ]
     ctx.monitoring.ingest(_id(client, "n1"), samples)
-    assert ctx.monitoring.flush_metrics_once() == 10
+    assert ctx.monitoring.flush_metrics_once() == 10  # one row per sample
     series = client.get(
         "/api/v1/nodes/n1/metrics", params={"entity": "gpu:0", "metric": "gpu_util", "since": "1m", "step": "1m"}
     ).json()

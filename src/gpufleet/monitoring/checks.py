@@ -82,13 +82,20 @@ class NodeSnapshot:
     metrics_interval_s: float = 5.0
     extra: dict[str, object] = field(default_factory=dict)
 
+    _gpus: dict[int, dict[int, Values]] = field(default_factory=dict, repr=False)  # by id(sample)
+
     @property
     def latest(self) -> Entities:
         return self.samples[0] if self.samples else {}
 
     def gpus(self, sample: Entities | None = None) -> dict[int, Values]:
+        """The sample's GPUs by index (the latest sample's by default); computed once per sample."""
         sample = self.latest if sample is None else sample
-        return {int(name[4:]): values for name, values in sample.items() if name.startswith("gpu:")}
+        found = self._gpus.get(id(sample))
+        if found is None:
+            found = {int(name[4:]): values for name, values in sample.items() if name.startswith("gpu:")}
+            self._gpus[id(sample)] = found
+        return found
 
 
 def _gpu(index: int | None) -> str:

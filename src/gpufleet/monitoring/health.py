@@ -1,11 +1,14 @@
 """Turn what the tracker holds into verdicts, store the ones that changed, and act on them.
 
-One evaluation pass takes the nodes with news, runs the checks on each, and in one transaction
-writes the verdicts that changed and drains or resumes nodes:
+One evaluation pass takes the nodes with news and runs the checks on each, in memory. Only a node
+whose verdict changed, or that must be drained or resumed, costs a database write:
 
 - a `failed` node that is not drained is drained with a reason starting `gpufleet:`;
 - a node gpufleet drained is resumed once it has passed `resume_after_rounds` consecutive samples;
 - a node a person drained is never resumed here.
+
+What the pass needs to know of each node (expected GPUs, category, stored verdict, drain) is read
+in one query and kept for `FACTS_TTL_S`, so a manual drain or a new category is seen within that.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from gpufleet.monitoring.checks import HealthPolicy, NodeSnapshot, Verdict, eval
 from gpufleet.monitoring.tracker import HealthTracker
 
 GPUFLEET_ACTOR = "gpufleet"
+FACTS_TTL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,26 @@ class HealthChange:
 
 
 @dataclass
+class NodeFacts:
+    name: str
+    category: str | None
+    expected_gpus: int
+    health: str
+    reasons: tuple[str, ...]
+    drain_reason: str | None
+    drained: bool
+    read_at: float
+
+
+@dataclass
+class _Decision:
+    node_id: int
+    verdict: Verdict
+    drain: str | None
+    resume: bool
+
+
+@dataclass
 class HealthJudge:
     """Evaluates the nodes of one replica. `rounds` (consecutive healthy samples) lives in memory:
     counting it in the database would be a write per node per sample."""
@@ -47,63 +71,106 @@ class HealthJudge:
     metrics_interval_s: float = 5.0
     resume_after_rounds: int = 3
     rounds: dict[int, int] = field(default_factory=dict)
+    facts: dict[int, NodeFacts] = field(default_factory=dict)
 
     def policy_for(self, category: str | None) -> HealthPolicy:
         return self.policies.get(category or "", self.default_policy)
 
-    def judge(self, node: Node, now: float) -> tuple[Verdict, int] | None:
-        """The node's verdict and how many new samples it covers; None if this replica has no data."""
-        view = self.tracker.view(node.id)
-        if view is None:
-            return None
-        snapshot = NodeSnapshot(
-            expected_gpus=node.expected_gpus,
-            samples=view.samples,
-            events=view.events,
-            metrics_age_s=None if view.last_sample_at is None else now - view.last_sample_at,
-            metrics_interval_s=self.metrics_interval_s,
-        )
-        return evaluate(snapshot, self.policy_for(node.category)), view.new_samples
+    def stale_facts(self, node_ids: set[int], now: float) -> list[int]:
+        return [i for i in node_ids if i not in self.facts or now - self.facts[i].read_at > FACTS_TTL_S]
 
-    def run_pass(self, session: Session, clock: Clock, node_ids: set[int]) -> list[HealthChange]:
-        """Evaluate `node_ids`; store changed verdicts and drain or resume. Never commits."""
-        if not node_ids:
-            return []
+    def refresh_facts(self, session: Session, stale: list[int], now: float) -> None:
+        """Read what the checks need of these nodes (see `stale_facts`)."""
+        columns = (
+            Node.id,
+            Node.name,
+            Node.category,
+            Node.expected_gpus,
+            Node.health,
+            Node.health_reasons,
+            Node.drain_reason,
+            Node.drained_at,
+        )
+        found = set()
+        for row in session.execute(select(*columns).where(Node.id.in_(stale))):
+            found.add(row.id)
+            self.facts[row.id] = NodeFacts(
+                row.name,
+                row.category,
+                row.expected_gpus,
+                row.health,
+                tuple(row.health_reasons or ()),
+                row.drain_reason,
+                row.drained_at is not None,
+                now,
+            )
+        for gone in set(stale) - found:  # removed meanwhile
+            self.facts.pop(gone, None)
+            self.tracker.forget(gone)
+
+    def decide(self, node_ids: set[int], now: float) -> list[_Decision]:
+        """In memory: the nodes whose stored verdict or drain must change."""
+        decisions = []
+        for node_id in node_ids:
+            facts = self.facts.get(node_id)
+            view = self.tracker.view(node_id)
+            if facts is None or view is None:
+                continue
+            snapshot = NodeSnapshot(
+                expected_gpus=facts.expected_gpus,
+                samples=view.samples,
+                events=view.events,
+                metrics_age_s=None if view.last_sample_at is None else now - view.last_sample_at,
+                metrics_interval_s=self.metrics_interval_s,
+            )
+            verdict = evaluate(snapshot, self.policy_for(facts.category))
+            rounds = self.rounds.get(node_id, 0) + view.new_samples if verdict.state == "healthy" else 0
+            self.rounds[node_id] = rounds
+            drain = None
+            if verdict.state == "failed" and not facts.drained:
+                drain = f"{OWN_DRAIN_PREFIX} {verdict.reasons[0]}"[:512]
+            resume = (
+                verdict.state == "healthy"
+                and facts.drain_reason is not None
+                and facts.drain_reason.startswith(OWN_DRAIN_PREFIX)
+                and rounds >= self.resume_after_rounds
+            )
+            if drain or resume or (verdict.state, verdict.reasons) != (facts.health, facts.reasons):
+                decisions.append(_Decision(node_id, verdict, drain, resume))
+        return decisions
+
+    def apply(self, session: Session, clock: Clock, decisions: list[_Decision]) -> list[HealthChange]:
+        """Store the decisions (re-checked against the rows, which a person may have just changed)."""
         now = clock.now()
         changes = []
-        for node in session.scalars(select(Node).where(Node.id.in_(node_ids))):
-            judged = self.judge(node, now)
-            if judged is None:
+        nodes = {n.id: n for n in session.scalars(select(Node).where(Node.id.in_([d.node_id for d in decisions])))}
+        for decision in decisions:
+            node = nodes.get(decision.node_id)
+            if node is None:
                 continue
-            verdict, new_samples = judged
-            rounds = self.rounds.get(node.id, 0) + new_samples if verdict.state == "healthy" else 0
-            self.rounds[node.id] = rounds
-            change = self._apply(session, node, verdict, rounds, now)
-            if change is not None:
-                changes.append(change)
-        return changes
-
-    def _apply(self, session: Session, node: Node, verdict: Verdict, rounds: int, now: float) -> HealthChange | None:
-        before = node.health
-        changed = before != verdict.state or tuple(node.health_reasons or ()) != verdict.reasons
-        if changed:
+            verdict = decision.verdict
+            before = node.health
             if before != verdict.state:
                 node.health_since = to_datetime(now)
             node.health = verdict.state
             node.health_reasons = list(verdict.reasons)
-        drained = None
-        resumed = False
-        if verdict.state == "failed" and node.drained_at is None:
-            drained = f"{OWN_DRAIN_PREFIX} {verdict.reasons[0]}"[:512]
-            self.workload.drain(session, node, drained, GPUFLEET_ACTOR)
-        elif (
-            verdict.state == "healthy"
-            and node.drain_reason is not None
-            and node.drain_reason.startswith(OWN_DRAIN_PREFIX)
-            and rounds >= self.resume_after_rounds
-        ):
-            self.workload.resume(session, node, GPUFLEET_ACTOR)
-            resumed = True
-        if not (changed or drained or resumed):
-            return None
-        return HealthChange(node.id, node.name, before, verdict.state, verdict.reasons, drained, resumed)
+            drained = None
+            if decision.drain and node.drained_at is None:
+                drained = decision.drain
+                self.workload.drain(session, node, drained, GPUFLEET_ACTOR)
+            resumed = False
+            if decision.resume and (node.drain_reason or "").startswith(OWN_DRAIN_PREFIX):
+                self.workload.resume(session, node, GPUFLEET_ACTOR)
+                resumed = True
+            self.facts[node.id] = NodeFacts(
+                node.name,
+                node.category,
+                node.expected_gpus,
+                node.health,
+                verdict.reasons,
+                node.drain_reason,
+                node.drained_at is not None,
+                now,
+            )
+            changes.append(HealthChange(node.id, node.name, before, verdict.state, verdict.reasons, drained, resumed))
+        return changes

@@ -1,9 +1,10 @@
 """Tables for metric samples, their roll-ups, alerts and silences.
 
-Samples are stored one row per (node, entity, time) with the entity's values as compact JSON: a
-GPU's thirty-odd values arrive together and are read together, so one row instead of thirty keeps
-the write rate the head can sustain an order of magnitude higher (see bench/ingest.py). Times are
-Unix seconds (floats): they are compared and bucketed, never shown raw.
+Samples are stored one row per (node, time): the whole sample (every entity's values) as compact
+JSON. A node's three hundred values arrive together; one row and one encode for all of them, instead
+of one per value or per GPU, is what lets the head store hundreds of thousands of values a second
+(bench/ingest.py). Queries are rarer than writes and pay instead, decoding a row to pick one value.
+Times are Unix seconds (floats): they are compared and bucketed, never shown raw.
 """
 
 from __future__ import annotations
@@ -19,26 +20,24 @@ from gpufleet.core.db import Base, UTCDateTime
 
 class MetricSample(Base):
     __tablename__ = "metric_samples"
-    __table_args__ = (Index("ix_metric_samples_node_entity_ts", "node_id", "entity", "ts"),)
+    __table_args__ = (Index("ix_metric_samples_node_ts", "node_id", "ts"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
-    entity: Mapped[str] = mapped_column(String(256))
     ts: Mapped[float] = mapped_column(Float, index=True)
-    values: Mapped[str] = mapped_column(Text)  # {"metric": value, ...}
+    values: Mapped[str] = mapped_column(Text)  # {"entity": {"metric": value, ...}, ...}
 
 
 class MetricRollup(Base):
-    """One bucket (a minute by default) of one entity: per metric [min, max, sum, count]."""
+    """One bucket (a minute by default) of one node: per entity and metric [min, max, sum, count]."""
 
     __tablename__ = "metric_rollups"
-    __table_args__ = (Index("ix_metric_rollups_node_entity_bucket", "node_id", "entity", "bucket"),)
+    __table_args__ = (Index("ix_metric_rollups_node_bucket", "node_id", "bucket"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
-    entity: Mapped[str] = mapped_column(String(256))
     bucket: Mapped[float] = mapped_column(Float, index=True)
-    values: Mapped[str] = mapped_column(Text)  # {"metric": [min, max, sum, count], ...}
+    values: Mapped[str] = mapped_column(Text)  # {"entity": {"metric": [min, max, sum, count], ...}, ...}
 
 
 class Alert(Base):

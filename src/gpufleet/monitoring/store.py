@@ -30,11 +30,14 @@ class Retention:
 
 
 def sample_rows(node_id: int, samples: list[Sample]) -> list[dict[str, Any]]:
-    """Rows for `write_rows`: one per entity of each sample."""
+    """Rows for `write_rows`: one per sample, every entity's values in one JSON object."""
     return [
-        {"node_id": node_id, "entity": e.entity, "ts": s.ts, "values": json.dumps(e.values, separators=(",", ":"))}
+        {
+            "node_id": node_id,
+            "ts": s.ts,
+            "values": json.dumps({e.entity: e.values for e in s.entities}, separators=(",", ":")),
+        }
         for s in samples
-        for e in s.entities
     ]
 
 
@@ -61,30 +64,29 @@ def rollup(session: Session, until: float, bucket_s: float = ROLLUP_BUCKET_S) ->
     end = math.floor(until / bucket_s) * bucket_s
     if end <= start:
         return 0
-    acc: dict[tuple[int, str, float], dict[str, list[float]]] = defaultdict(dict)
-    query = select(MetricSample.node_id, MetricSample.entity, MetricSample.ts, MetricSample.values).where(
+    acc: dict[tuple[int, float], dict[str, dict[str, list[float]]]] = defaultdict(dict)
+    query = select(MetricSample.node_id, MetricSample.ts, MetricSample.values).where(
         MetricSample.ts >= start, MetricSample.ts < end
     )
-    for node_id, entity, ts, raw in session.execute(query):
-        bucket = math.floor(ts / bucket_s) * bucket_s
-        stats = acc[(node_id, entity, bucket)]
-        for metric, value in json.loads(raw).items():
-            s = stats.get(metric)
-            if s is None:
-                stats[metric] = [value, value, value, 1.0]
-            else:
-                s[0] = min(s[0], value)
-                s[1] = max(s[1], value)
-                s[2] += value
-                s[3] += 1
+    for node_id, ts, raw in session.execute(query):
+        entities = acc[(node_id, math.floor(ts / bucket_s) * bucket_s)]
+        for entity, values in json.loads(raw).items():
+            stats = entities.setdefault(entity, {})
+            for metric, value in values.items():
+                cell = stats.get(metric)
+                if cell is None:
+                    stats[metric] = [value, value, value, 1.0]
+                else:
+                    cell[0] = min(cell[0], value)
+                    cell[1] = max(cell[1], value)
+                    cell[2] += value
+                    cell[3] += 1
     rows = [
-        {"node_id": n, "entity": e, "bucket": b, "values": json.dumps(stats, separators=(",", ":"))}
-        for (n, e, b), stats in acc.items()
+        {"node_id": n, "bucket": b, "values": json.dumps(entities, separators=(",", ":"))}
+        for (n, b), entities in acc.items()
     ]
-    if not rows:
-        # Nothing in the range; mark it done with no rows by moving on next time from `end`.
-        return 0
-    session.execute(insert(MetricRollup), rows)
+    if rows:
+        session.execute(insert(MetricRollup), rows)
     return len(rows)
 
 
@@ -115,13 +117,12 @@ def query(
         rows = session.execute(
             select(MetricRollup.bucket, MetricRollup.values).where(
                 MetricRollup.node_id == node_id,
-                MetricRollup.entity == entity,
                 MetricRollup.bucket >= since,
                 MetricRollup.bucket < raw_from,
             )
         )
         for bucket, raw in rows:
-            stats = json.loads(raw).get(metric)
+            stats = json.loads(raw).get(entity, {}).get(metric)
             if stats is not None:
                 cell = sums[since + math.floor((bucket - since) / step) * step]
                 cell[0] += stats[2]
@@ -129,13 +130,12 @@ def query(
     rows = session.execute(
         select(MetricSample.ts, MetricSample.values).where(
             MetricSample.node_id == node_id,
-            MetricSample.entity == entity,
             MetricSample.ts >= raw_from,
             MetricSample.ts < until,
         )
     )
     for ts, raw in rows:
-        value = json.loads(raw).get(metric)
+        value = json.loads(raw).get(entity, {}).get(metric)
         if value is not None:
             cell = sums[since + math.floor((ts - since) / step) * step]
             cell[0] += value

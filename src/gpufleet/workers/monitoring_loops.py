@@ -112,8 +112,16 @@ class MonitoringLoops:
             liveness, self._liveness = self._liveness, []
         if not nodes and not liveness:
             return []
+        now = self.clock.now()
+        stale = self.judge.stale_facts(nodes, now)
+        if stale:
+            with transaction(self.sessions, readonly=True) as session:
+                self.judge.refresh_facts(session, stale, now)
+        decisions = self.judge.decide(nodes, now)
+        if not decisions and not liveness:
+            return []
         with transaction(self.sessions) as session:
-            changes = self.judge.run_pass(session, self.clock, nodes)
+            changes = self.judge.apply(session, self.clock, decisions)
             fired: list[Alert] = []
             for change in changes:
                 fired += alerts.on_health_change(session, self.clock, change)

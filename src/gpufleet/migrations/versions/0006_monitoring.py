@@ -69,7 +69,6 @@ def upgrade() -> None:
         "metric_rollups",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("node_id", sa.Integer(), nullable=False),
-        sa.Column("entity", sa.String(length=256), nullable=False),
         sa.Column("bucket", sa.Float(), nullable=False),
         sa.Column("values", sa.Text(), nullable=False),
         sa.ForeignKeyConstraint(
@@ -79,13 +78,12 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("metric_rollups", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_metric_rollups_bucket"), ["bucket"], unique=False)
-        batch_op.create_index("ix_metric_rollups_node_entity_bucket", ["node_id", "entity", "bucket"], unique=False)
+        batch_op.create_index("ix_metric_rollups_node_bucket", ["node_id", "bucket"], unique=False)
 
     op.create_table(
         "metric_samples",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("node_id", sa.Integer(), nullable=False),
-        sa.Column("entity", sa.String(length=256), nullable=False),
         sa.Column("ts", sa.Float(), nullable=False),
         sa.Column("values", sa.Text(), nullable=False),
         sa.ForeignKeyConstraint(
@@ -94,7 +92,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_metric_samples")),
     )
     with op.batch_alter_table("metric_samples", schema=None) as batch_op:
-        batch_op.create_index("ix_metric_samples_node_entity_ts", ["node_id", "entity", "ts"], unique=False)
+        batch_op.create_index("ix_metric_samples_node_ts", ["node_id", "ts"], unique=False)
         batch_op.create_index(batch_op.f("ix_metric_samples_ts"), ["ts"], unique=False)
 
     with op.batch_alter_table("nodes", schema=None) as batch_op:
@@ -119,11 +117,11 @@ def downgrade() -> None:
 
     with op.batch_alter_table("metric_samples", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_metric_samples_ts"))
-        batch_op.drop_index("ix_metric_samples_node_entity_ts")
+        batch_op.drop_index("ix_metric_samples_node_ts")
 
     op.drop_table("metric_samples")
     with op.batch_alter_table("metric_rollups", schema=None) as batch_op:
-        batch_op.drop_index("ix_metric_rollups_node_entity_bucket")
+        batch_op.drop_index("ix_metric_rollups_node_bucket")
         batch_op.drop_index(batch_op.f("ix_metric_rollups_bucket"))
 
     op.drop_table("metric_rollups")
