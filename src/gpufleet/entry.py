@@ -169,6 +169,7 @@ def sim(
             state_dir=state_dir,
             prefix=prefix,
             heartbeat_interval_s=heartbeat_interval,
+            metrics_interval_s=settings.metrics_interval_s,
         )
     )
     simulation.build()

@@ -75,3 +75,46 @@ def test_changed_inventory_is_resent_and_credential_reused(head: Head, tmp_path:
 
     asyncio.run(scenario())
     assert store.load() is not None
+
+
+def test_simulated_metrics_reach_the_head_and_faults_reach_the_simulated_node(head: Head, tmp_path: Path) -> None:
+    """The simulator's wiring end to end: samples stored by the real head, a fault through its API and channel."""
+    from gpufleet.sim.runner import SimOptions, Simulation
+
+    def series(entity: str, metric: str) -> list[float]:
+        query = {"metric": metric, "entity": entity, "since": "5m", "step": "1s"}
+        try:
+            answer = head.api("GET", "/api/v1/nodes/sim001/metrics", params=query)
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code == 404:
+                return []  # the node has not joined yet
+            raise
+        return [point["value"] for point in answer["points"]]
+
+    def fault(**body: object) -> dict[str, object]:
+        result: dict[str, object] = head.api("POST", "/api/v1/nodes/sim001/faults", json=body)
+        return result
+
+    async def scenario() -> None:
+        options = SimOptions(
+            server=head.url, join_token=head.join_token(1), nodes=1, state_dir=tmp_path / "sim", metrics_interval_s=0.5
+        )
+        simulation = Simulation(options)
+        task = asyncio.create_task(simulation.run())
+        try:
+            await _until(lambda: series("gpu:3", "gpu_temp_c"), 20)
+            assert max(series("gpu:3", "gpu_temp_c")) < 50
+
+            outcome = await asyncio.to_thread(fault, kind="thermal", gpu=3)
+            assert outcome == {"node": "sim001", "ok": True, "message": "GPU 3 overheats: thermal slowdown"}
+            await _until(lambda: max(series("gpu:3", "gpu_temp_c")) >= 90, 10)
+            assert series("ib:mlx5_0/1", "ib_state")[-1] == 4
+
+            healed = await asyncio.to_thread(fault, action="heal")
+            assert healed["ok"]
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())

@@ -168,4 +168,5 @@ def test_audit_names_the_user_behind_a_scripted_cli_run(head: Head, tmp_path: Pa
         ("tokens.create_join_token", rows[2][1], 201),
         ("users.create_user", "/api/v1/users", 403),
     ]
-    assert rows[2][1].startswith("join token #") and "uses 4" in rows[2][1]
+    assert rows[2][1].startswith("join token #")
+    assert "uses 4" in rows[2][1]

@@ -181,8 +181,10 @@ class Agent:
                 log.warning("cannot reach the head at %s (%s); retrying in %.1fs", self.options.server, exc, backoff)
             finally:
                 self.connected = False
-            if self.ever_acked:
-                backoff = self.options.backoff_initial_s  # the last session worked: start the backoff over
+            if self.ever_acked or self.crashed:
+                # The last session worked, or a simulated crashed node keeps a channel open for `sim heal`:
+                # start the backoff over.
+                backoff = self.options.backoff_initial_s
                 self.ever_acked = False
             # Jitter spreads a thousand agents reconnecting after a head restart.
             await asyncio.sleep(backoff * random.uniform(0.5, 1.0))  # noqa: S311
@@ -200,6 +202,9 @@ class Agent:
             compression=None,
             ssl=self.options.tls_context if self.options.server.startswith("https://") else None,
         ) as ws:
+            if self.crashed:
+                await self._crashed_session(ws)
+                return
             inventory = self._inventory or await self._current_inventory()
             hello = Hello(heartbeat_interval_s=self.interval_s, inventory_fingerprint=inventory.fingerprint())
             await ws.send(hello.model_dump_json())
@@ -230,6 +235,21 @@ class Agent:
                 if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
             raise Unavailable("the head closed the channel")
+
+    async def _crashed_session(self, ws: ClientConnection) -> None:
+        """A simulated crashed node: no hello, so the head never counts the connection as a sign of
+        life (it closes it after its hello timeout and the node stays down); only commands are read,
+        so `sim heal` can still reach it. Returns once healed, to reconnect as a working agent."""
+        reader = asyncio.create_task(self._read(ws))
+        healed = asyncio.create_task(self._running.wait())  # set again by `heal`
+        try:
+            await asyncio.wait({reader, healed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reader, healed):
+                task.cancel()
+            await asyncio.gather(reader, healed, return_exceptions=True)
+        if reader.done() and not reader.cancelled() and reader.exception() is not None:
+            raise reader.exception()  # type: ignore[misc]
 
     async def _read(self, ws: ClientConnection) -> None:
         async for raw in ws:
@@ -278,8 +298,10 @@ class Agent:
 
     async def _watch_events(self, source: EventSource) -> None:
         """Queue Xid events as they come: a blocking source waits in a thread (1 s at a time), the
-        simulator's is polled when a fault was injected and once a metrics interval otherwise."""
+        simulator's is polled when a fault was injected and once a metrics interval otherwise. While a
+        simulated crash or hang holds the agent, events wait in NVML's queue."""
         while True:
+            await self._running.wait()
             if source.blocking:
                 events = await asyncio.to_thread(source.poll, 1000)
             else:

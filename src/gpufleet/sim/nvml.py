@@ -16,6 +16,7 @@ calls answer, the way the real failure would (see FAULTS).
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 import uuid
@@ -463,8 +464,7 @@ class SimulatedNvml:
         """Many values in one call: each request is a field id or (field id, scope id); each answer carries
         its own nvmlReturn (NOT_SUPPORTED for a field this GPU lacks)."""
         self._live(handle)
-        now_us = int(time.time() * 1_000_000)
-        return [self._field(handle, request, now_us) for request in field_ids]
+        return [self._field(handle, request) for request in field_ids]
 
     # -- events --------------------------------------------------------------------------------------
 
@@ -493,19 +493,19 @@ class SimulatedNvml:
 
     # -- inside ------------------------------------------------------------------------------------
 
-    def _field(self, gpu: SimulatedGpu, request: Any, now_us: int) -> FieldValue:
+    def _field(self, gpu: SimulatedGpu, request: Any) -> FieldValue:
         field_id, scope = request if isinstance(request, tuple) else (request, 0)
         if field_id == api.FI_NVLINK_GET_STATE:
             if not 0 <= scope < self.model.nvlinks:
-                return FieldValue(field_id, scope, now_us, 0, 3, api.NVML_ERROR_INVALID_ARGUMENT, None)
+                return _refused(field_id, scope, api.NVML_ERROR_INVALID_ARGUMENT)
             value: float = _DISABLED if scope in gpu.links_down else _ENABLED
         elif field_id in _FIELD_READERS:
             value = _FIELD_READERS[field_id](self, gpu)
         else:
-            return FieldValue(field_id, scope, now_us, 0, 3, api.NVML_ERROR_NOT_SUPPORTED, None)
-        if field_id == api.FI_MEMORY_TEMP:  # a 32-bit value in real NVML; the rest are 64-bit counters
-            return FieldValue(field_id, scope, now_us, 0, 1, api.NVML_SUCCESS, FieldValueUnion("uiVal", value))
-        return FieldValue(field_id, scope, now_us, 0, 3, api.NVML_SUCCESS, FieldValueUnion("ullVal", value))
+            return _refused(field_id, scope, api.NVML_ERROR_NOT_SUPPORTED)
+        if field_id == api.FI_TOTAL_ENERGY_CONSUMPTION:  # new every call: not worth keeping
+            return FieldValue(field_id, scope, 0, 0, 3, api.NVML_SUCCESS, FieldValueUnion("ullVal", value))
+        return _answer(field_id, scope, value)
 
     def _xid(self, gpu: SimulatedGpu, xid: int) -> None:
         """Deliver an Xid to every event set registered for it on this GPU."""
@@ -577,6 +577,21 @@ _FIELD_READERS: dict[int, Callable[[SimulatedNvml, SimulatedGpu], float]] = {
     api.FI_NVLINK_REPLAY_ERROR_COUNT_TOTAL: lambda nvml, gpu: gpu.nvlink_replay_errors,
     api.FI_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: lambda nvml, gpu: gpu.nvlink_recovery_errors,
 }
+
+
+@functools.lru_cache(maxsize=4096)
+def _answer(field_id: int, scope: int, value: float) -> FieldValue:
+    """A successful field answer; answers are immutable, so a thousand nodes share the few distinct ones
+    (most counters are zero), which keeps the simulator's cost per sample down. Timestamps stay 0."""
+    if field_id == api.FI_MEMORY_TEMP:  # a 32-bit value in real NVML; the rest are 64-bit counters
+        return FieldValue(field_id, scope, 0, 0, 1, api.NVML_SUCCESS, FieldValueUnion("uiVal", value))
+    return FieldValue(field_id, scope, 0, 0, 3, api.NVML_SUCCESS, FieldValueUnion("ullVal", value))
+
+
+@functools.lru_cache(maxsize=1024)
+def _refused(field_id: int, scope: int, code: int) -> FieldValue:
+    """A field answer with an error code and no value."""
+    return FieldValue(field_id, scope, 0, 0, 3, code, None)
 
 
 def _make_gpu(node_name: str, index: int, now: float) -> SimulatedGpu:

@@ -147,7 +147,9 @@ async def _serve(ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None
             message = agent_message_adapter.validate_json(text)
         except ValidationError as exc:
             return CLOSE_BAD_MESSAGE, f"malformed message: {describe(exc)}"
-        if isinstance(message, Hello):
+        if isinstance(message, FaultResult):  # may come before hello: a simulated crashed node says none
+            ctx.hub.command_answered(message)
+        elif isinstance(message, Hello):
             interval = message.heartbeat_interval_s
             wanted = message.inventory_fingerprint is None or message.inventory_fingerprint != fingerprint
             chan.send(Welcome(node=chan.name, inventory_wanted=wanted).model_dump_json())
@@ -160,8 +162,6 @@ async def _serve(ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None
             ctx.monitoring.ingest(chan.node_id, message.samples)
         elif isinstance(message, Events):
             ctx.monitoring.events(chan.node_id, message.events)
-        elif isinstance(message, FaultResult):
-            ctx.hub.command_answered(message)
 
 
 def _etag_matches(if_none_match: str | None, etag: str) -> bool:
