@@ -45,6 +45,7 @@ class Head:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     tls: bool = False  # `gpufleet server init` first, then serve HTTPS
+    env: dict[str, str] = field(default_factory=dict)  # extra settings, e.g. GPUFLEET_METRICS_INTERVAL_S
 
     @property
     def url(self) -> str:
@@ -59,7 +60,7 @@ class Head:
         return ssl.create_default_context(cafile=str(self.ca_file)) if self.tls else True
 
     def start(self, wait: bool = True) -> Head:
-        env = base_env(self.tmp) | {"GPUFLEET_BOOTSTRAP_TOKEN": ADMIN}
+        env = base_env(self.tmp) | {"GPUFLEET_BOOTSTRAP_TOKEN": ADMIN} | self.env
         if self.tls and not self.ca_file.exists():
             subprocess.run(
                 [*GPUFLEET, "server", "init", "--data-dir", str(self.tmp / "head")], env=env, check=True, timeout=60
@@ -126,7 +127,9 @@ class Head:
             self.proc.wait(timeout=30)
 
 
-def start_sim(tmp: Path, server: str, join_token: str, nodes: int, *extra: str) -> subprocess.Popen[bytes]:
+def start_sim(
+    tmp: Path, server: str, join_token: str, nodes: int, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     log = (tmp / "sim.log").open("ab")
     return subprocess.Popen(
         [
@@ -142,7 +145,7 @@ def start_sim(tmp: Path, server: str, join_token: str, nodes: int, *extra: str) 
             str(tmp / "sim"),
             *extra,
         ],
-        env=base_env(tmp),
+        env=base_env(tmp) | (env or {}),
         stdout=log,
         stderr=subprocess.STDOUT,
     )

@@ -47,8 +47,9 @@ def write_rows(session: Session, rows: list[dict[str, Any]]) -> None:
         session.execute(insert(MetricSample), rows)
 
 
-def rollup(session: Session, until: float, bucket_s: float = ROLLUP_BUCKET_S) -> int:
-    """Roll up every complete bucket before `until` not rolled up yet. Returns rows written.
+def rollup_rows(session: Session, until: float, bucket_s: float = ROLLUP_BUCKET_S) -> list[dict[str, Any]]:
+    """Roll-up rows for every complete bucket before `until` not rolled up yet (write them with
+    `write_rollups`). Only reads, so the caller can aggregate outside the write lock.
 
     Idempotent: it starts after the newest bucket already written, so a leader that changes halfway
     repeats nothing.
@@ -59,11 +60,11 @@ def rollup(session: Session, until: float, bucket_s: float = ROLLUP_BUCKET_S) ->
     else:
         oldest = session.scalar(select(func.min(MetricSample.ts)))
         if oldest is None:
-            return 0
+            return []
         start = math.floor(oldest / bucket_s) * bucket_s
     end = math.floor(until / bucket_s) * bucket_s
     if end <= start:
-        return 0
+        return []
     acc: dict[tuple[int, float], dict[str, dict[str, list[float]]]] = defaultdict(dict)
     query = select(MetricSample.node_id, MetricSample.ts, MetricSample.values).where(
         MetricSample.ts >= start, MetricSample.ts < end
@@ -81,12 +82,27 @@ def rollup(session: Session, until: float, bucket_s: float = ROLLUP_BUCKET_S) ->
                     cell[1] = max(cell[1], value)
                     cell[2] += value
                     cell[3] += 1
-    rows = [
+    return [
         {"node_id": n, "bucket": b, "values": json.dumps(entities, separators=(",", ":"))}
         for (n, b), entities in acc.items()
     ]
+
+
+def write_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Insert roll-ups, skipping buckets another leader wrote meanwhile."""
+    if not rows:
+        return
+    newest = session.scalar(select(func.max(MetricRollup.bucket)))
+    if newest is not None:
+        rows = [r for r in rows if r["bucket"] > newest]
     if rows:
         session.execute(insert(MetricRollup), rows)
+
+
+def rollup(session: Session, until: float, bucket_s: float = ROLLUP_BUCKET_S) -> int:
+    """`rollup_rows` and `write_rollups` in one session (tests; small data). Returns rows written."""
+    rows = rollup_rows(session, until, bucket_s)
+    write_rollups(session, rows)
     return len(rows)
 
 
