@@ -239,6 +239,28 @@ class HeadClient:
     def remove_receiver(self, name: str) -> None:
         self._call("DELETE", f"/api/v1/alert-receivers/{name}")
 
+    def list_alert_rules(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/alert-rules")
+        return result
+
+    def add_alert_rule(self, rule: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/alert-rules", json=rule)
+        return result
+
+    def remove_alert_rule(self, name: str) -> None:
+        self._call("DELETE", f"/api/v1/alert-rules/{name}")
+
+    def list_health_policies(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/health-policies")
+        return result
+
+    def set_health_policy(self, category: str, policy: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("PUT", f"/api/v1/health-policies/{category}", json=policy)
+        return result
+
+    def remove_health_policy(self, category: str) -> None:
+        self._call("DELETE", f"/api/v1/health-policies/{category}")
+
 
 class AgentHttp:
     """The agent's HTTP calls. Shares one AsyncClient, so a simulator's thousand agents share a pool."""

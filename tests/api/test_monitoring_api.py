@@ -87,3 +87,32 @@ def test_receivers_keep_their_secrets(client: TestClient) -> None:
     assert bad.status_code == 400
     assert client.delete("/api/v1/alert-receivers/ops").status_code == 204
     assert client.delete("/api/v1/alert-receivers/ops").status_code == 404
+
+
+def test_alert_rules_are_checked_and_builtins_stay(client: TestClient) -> None:
+    names = [r["name"] for r in client.get("/api/v1/alert-rules").json()]
+    assert "GpuTemperatureHigh" in names
+    rule = {"name": "GpuPowerLow", "metric": "power_w", "entity_kind": "gpu", "op": "<", "threshold": 50, "for_s": 600}
+    created = client.post("/api/v1/alert-rules", json=rule)
+    assert created.status_code == 201
+    assert created.json()["created_by"] == "token:initial admin#1"
+    assert client.post("/api/v1/alert-rules", json=rule).status_code == 409
+    typo = client.post("/api/v1/alert-rules", json=rule | {"name": "X", "metric": "gpu_temperature"})
+    assert typo.status_code == 400
+    assert "no metric 'gpu_temperature'" in typo.json()["detail"]
+    assert client.delete("/api/v1/alert-rules/GpuTemperatureHigh").status_code == 409
+    assert client.delete("/api/v1/alert-rules/GpuPowerLow").status_code == 204
+    assert client.delete("/api/v1/alert-rules/GpuPowerLow").status_code == 404
+
+
+def test_health_policies_per_category(client: TestClient) -> None:
+    policy = {"disabled": ["pcie"], "gpu_temp_c": 80}
+    saved = client.put("/api/v1/health-policies/hgx", json=policy)
+    assert saved.status_code == 200
+    assert saved.json()["policy"]["gpu_temp_c"] == 80
+    assert saved.json()["policy"]["disabled"] == ["pcie"]
+    assert client.put("/api/v1/health-policies/hgx", json={"gpu_temp_c": "hot"}).status_code == 422
+    assert client.put("/api/v1/health-policies/bad%20name", json=policy).status_code == 422
+    assert [p["category"] for p in client.get("/api/v1/health-policies").json()] == ["hgx"]
+    assert client.delete("/api/v1/health-policies/hgx").status_code == 204
+    assert client.delete("/api/v1/health-policies/hgx").status_code == 404

@@ -121,3 +121,18 @@ def test_failed_reasons_come_first() -> None:
     sample = node(**{"gpu:1": gpu(pcie_link_width=8), "gpu:2": gpu(ecc_dbe_volatile=1)})
     verdict = evaluate(NodeSnapshot(expected_gpus=8, samples=[sample]), POLICY)
     assert verdict.reasons == ("GPU 2: 1 uncorrectable ECC errors", "GPU 1: PCIe link x8 of x16")
+
+
+def test_the_nodes_own_checks_decide_too() -> None:
+    from gpufleet.protocol.metrics import CheckResult
+
+    results = [
+        CheckResult(name="nhc-ipoib", status=0, message="ok"),
+        CheckResult(name="service:slurmd", status=1, message="slurmd is failed"),
+        CheckResult(name="scratch-speed", status=2, message="scratch writes at 80 MB/s"),
+    ]
+    verdict = evaluate(NodeSnapshot(expected_gpus=8, samples=[node()], checks=results), POLICY)
+    assert verdict.state == "failed"
+    assert verdict.reasons == ("service:slurmd: slurmd is failed", "scratch-speed: scratch writes at 80 MB/s")
+    relaxed = HealthPolicy(disabled=["service:slurmd"])
+    assert evaluate(NodeSnapshot(expected_gpus=8, samples=[node()], checks=results), relaxed).state == "degraded"

@@ -138,3 +138,36 @@ def test_stale_metrics_are_noticed_without_new_data(sessions: sessionmaker[Sessi
     assert (node.health, node.health_reasons) == ("degraded", ["no metrics for 20 s"])
     assert node.drained_at is None
     assert h.sent == [("NodeDegraded", "firing")]
+
+
+def test_a_threshold_rule_fires_for_the_gpu_and_resolves(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+    h = Harness(sessions, clock)
+
+    def hot_sample(temp: float) -> None:
+        clock.advance(30)
+        entities = [EntityValues(entity=f"gpu:{i}", values={"gpu_temp_c": temp if i == 5 else 40.0}) for i in range(8)]
+        h.loops.ingest(h.node_id, [Sample(ts=clock.now(), entities=entities)])
+        h.loops.health_once()
+
+    for _ in range(5):  # 120 s at 87 C: the built-in GpuTemperatureHigh (>= 85 for 120 s) fires
+        hot_sample(87)
+    with transaction(sessions, readonly=True) as s:
+        firing = alerts.list_alerts(s, status="firing")
+    assert [(a.rule, a.gpu, a.labels.get("gpu"), a.severity) for a in firing] == [
+        ("GpuTemperatureHigh", 5, "5", "warning")
+    ]
+    assert h.node().drained_at is None  # an alert, not a health failure
+    hot_sample(60)
+    assert h.sent[-1] == ("GpuTemperatureHigh", "resolved")
+
+
+def test_a_category_policy_decides_for_its_nodes(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+    from gpufleet.monitoring import rules
+    from gpufleet.monitoring.checks import HealthPolicy
+
+    h = Harness(sessions, clock)
+    with transaction(sessions) as s:
+        s.get(Node, h.node_id).category = "dev"  # type: ignore[union-attr]
+        rules.set_policy(s, clock, "dev", HealthPolicy(disabled=["gpu_count"]), "user:olivia")
+    h.sample(gpus=7)  # a GPU missing, but this category does not count GPUs
+    assert (h.node().health, h.node().drained_at) == ("healthy", None)

@@ -14,7 +14,10 @@ from gpufleet.core.errors import InvalidInput
 metrics_app = typer.Typer(help="Metrics the agents sampled.", no_args_is_help=True)
 alert_app = typer.Typer(help="Alerts: list, acknowledge, silence; where they are sent.", no_args_is_help=True)
 receiver_app = typer.Typer(help="Where alert notifications go: webhook, slack, email.", no_args_is_help=True)
+rule_app = typer.Typer(help="Threshold alert rules: built-in and your own.", no_args_is_help=True)
+policy_app = typer.Typer(help="Health thresholds and disabled checks per node category.", no_args_is_help=True)
 alert_app.add_typer(receiver_app, name="receiver")
+alert_app.add_typer(rule_app, name="rule")
 
 
 @metrics_app.command("show")
@@ -215,3 +218,87 @@ def list_receivers(ctx: typer.Context, output: Format = OutputOpt) -> None:
 def remove_receiver(ctx: typer.Context, name: str) -> None:
     state(ctx).client().remove_receiver(name)
     typer.echo(f"receiver {name} removed")
+
+
+@rule_app.command("list")
+def list_rules(ctx: typer.Context, output: Format = OutputOpt) -> None:
+    """Threshold rules (node health and liveness alerts are always on)."""
+    rows = state(ctx).client().list_alert_rules()
+    if output is Format.json:
+        print_json(rows)
+        return
+    shown = [
+        r | {"when": f"{r['entity_kind']} {r['metric']} {r['op']} {r['threshold']:g} for {r['for_s']:g} s"}
+        for r in rows
+    ]
+    table(shown, [("name", "Rule"), ("when", "Fires when"), ("severity", "Severity"), ("created_by", "By")])
+
+
+@rule_app.command("add")
+def add_rule(
+    ctx: typer.Context,
+    name: str,
+    metric: Annotated[str, typer.Option(help="e.g. gpu_temp_c, power_w, disk_used_pct")],
+    entity: Annotated[str, typer.Option(help="host, gpu, disk, nic or ib")],
+    op: Annotated[str, typer.Option(help="> >= < <= == !=")],
+    value: Annotated[float, typer.Option(help="the threshold")],
+    duration: Annotated[str, typer.Option("--for", help="how long it must hold, e.g. 2m (0s: at once)")] = "0s",
+    severity: Annotated[str, typer.Option(help="critical, warning or info")] = "warning",
+    output: Format = OutputOpt,
+) -> None:
+    """Fire when an entity's metric compares true for a while, e.g.
+    `gpufleet alert rule add GpuHot --metric gpu_temp_c --entity gpu --op '>=' --value 83 --for 5m`."""
+    for_s = 0 if duration.strip() in ("0", "0s") else parse_duration(duration)
+    rule = {"name": name, "metric": metric, "entity_kind": entity, "op": op, "threshold": value, "for_s": for_s}
+    created = state(ctx).client().add_alert_rule(rule | {"severity": severity})
+    if output is Format.json:
+        print_json(created)
+    else:
+        typer.echo(f"rule {created['name']} added")
+
+
+@rule_app.command("remove")
+def remove_rule(ctx: typer.Context, name: str) -> None:
+    state(ctx).client().remove_alert_rule(name)
+    typer.echo(f"rule {name} removed")
+
+
+@policy_app.command("list")
+def list_policies(ctx: typer.Context, output: Format = OutputOpt) -> None:
+    """The categories with their own health policy (`default` applies to the rest)."""
+    rows = state(ctx).client().list_health_policies()
+    if output is Format.json:
+        print_json(rows)
+        return
+    table(rows, [("category", "Category"), ("policy", "Policy"), ("updated_by", "By"), ("updated_at", "When")])
+
+
+@policy_app.command("set")
+def set_policy(
+    ctx: typer.Context,
+    category: Annotated[str, typer.Argument(help="a node category, or `default` for every other node")],
+    disable: Annotated[list[str] | None, typer.Option(help="a check not to run (repeatable)")] = None,
+    threshold: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE, e.g. gpu_temp_c=85")] = None,
+    output: Format = OutputOpt,
+) -> None:
+    """Replace a category's health policy (unset thresholds take their defaults)."""
+    policy: dict[str, Any] = {"disabled": disable or []}
+    for item in threshold or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidInput(f"invalid --set {item!r}: use KEY=VALUE")
+        try:
+            policy[key] = float(value)
+        except ValueError:
+            raise InvalidInput(f"invalid --set {item!r}: the value must be a number") from None
+    saved = state(ctx).client().set_health_policy(category, policy)
+    if output is Format.json:
+        print_json(saved)
+    else:
+        typer.echo(f"health policy of {category} saved")
+
+
+@policy_app.command("remove")
+def remove_policy(ctx: typer.Context, category: str) -> None:
+    state(ctx).client().remove_health_policy(category)
+    typer.echo(f"health policy of {category} removed (the default applies)")

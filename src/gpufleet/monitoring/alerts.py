@@ -8,6 +8,7 @@ it. Each new firing or resolution becomes a notice for the receivers unless a si
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -20,6 +21,7 @@ from gpufleet.monitoring.health import HealthChange
 from gpufleet.monitoring.models import Alert, Silence
 
 SEVERITIES = ("critical", "warning", "info")
+RULE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,8 @@ RULES: dict[str, Rule] = {
 }
 
 
-def fingerprint(rule: str, node: str, gpu: int | None = None) -> str:
-    return hashlib.sha256(f"{rule}\0{node}\0{gpu}".encode()).hexdigest()[:16]
+def fingerprint(rule: str, node: str, gpu: int | None = None, entity: str | None = None) -> str:
+    return hashlib.sha256(f"{rule}\0{node}\0{entity if entity is not None else gpu}".encode()).hexdigest()[:16]
 
 
 def _firing(session: Session, fp: str) -> Alert | None:
@@ -63,24 +65,35 @@ def silenced(session: Session, now: datetime, rule: str, node: str) -> bool:
 
 
 def fire(
-    session: Session, clock: Clock, rule: str, node_id: int | None, node: str, summary: str, gpu: int | None = None
+    session: Session,
+    clock: Clock,
+    rule: str,
+    node_id: int | None,
+    node: str,
+    summary: str,
+    gpu: int | None = None,
+    *,
+    severity: str | None = None,
+    entity: str | None = None,
 ) -> Alert | None:
-    """Fire `rule` for a node. Returns the new alert, or None when it was already firing (its summary
-    is brought up to date)."""
-    spec = RULES[rule]
-    fp = fingerprint(rule, node, gpu)
+    """Fire `rule` for a node (and a GPU or other entity). Returns the new alert, or None when it was
+    already firing (its summary is brought up to date). Built-in rules know their severity."""
+    severity = severity or RULES[rule].severity
+    fp = fingerprint(rule, node, gpu, entity)
     current = _firing(session, fp)
     if current is not None:
         current.summary = summary[:512]
         return None
     now = to_datetime(clock.now())
-    labels = {"alertname": rule, "severity": spec.severity, "node": node}
+    labels = {"alertname": rule, "severity": severity, "node": node}
     if gpu is not None:
         labels["gpu"] = str(gpu)
+    if entity is not None:
+        labels["entity"] = entity
     alert = Alert(
         fingerprint=fp,
         rule=rule,
-        severity=spec.severity,
+        severity=severity,
         status="firing",
         node_id=node_id,
         node_name=node,
@@ -95,9 +108,11 @@ def fire(
     return alert
 
 
-def resolve(session: Session, clock: Clock, rule: str, node: str, gpu: int | None = None) -> Alert | None:
+def resolve(
+    session: Session, clock: Clock, rule: str, node: str, gpu: int | None = None, entity: str | None = None
+) -> Alert | None:
     """Resolve the firing alert of `rule` for a node; None if none was firing."""
-    alert = _firing(session, fingerprint(rule, node, gpu))
+    alert = _firing(session, fingerprint(rule, node, gpu, entity))
     if alert is None:
         return None
     alert.status = "resolved"
@@ -161,8 +176,8 @@ def add_silence(
     that matches nothing in particular or an unknown rule."""
     if rule is None and node is None:
         raise InvalidInput("a silence needs a rule or a node (or both)")
-    if rule is not None and rule not in RULES:
-        raise InvalidInput(f"unknown rule {rule!r}; known: {', '.join(RULES)}")
+    if rule is not None and not RULE_NAME.match(rule):
+        raise InvalidInput(f"invalid rule name {rule!r}")
     now = clock.now()
     silence = Silence(
         rule=rule,

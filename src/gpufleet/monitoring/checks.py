@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpufleet.protocol.metrics import NodeEvent
+from gpufleet.protocol.metrics import CheckResult, NodeEvent
 
 Severity = Literal["degraded", "failed"]
 Values = dict[str, float]
@@ -80,7 +80,7 @@ class NodeSnapshot:
     events: Sequence[NodeEvent] = ()
     metrics_age_s: float | None = None  # seconds since the last sample arrived; None: none yet
     metrics_interval_s: float = 5.0
-    extra: dict[str, object] = field(default_factory=dict)
+    checks: Sequence[CheckResult] = ()  # the node's own checks (custom executables, services, mounts)
 
     _gpus: dict[int, dict[int, Values]] = field(default_factory=dict, repr=False)  # by id(sample)
 
@@ -212,6 +212,18 @@ def check_metrics_fresh(node: NodeSnapshot, policy: HealthPolicy) -> list[Findin
     return []
 
 
+def check_node_side(node: NodeSnapshot, policy: HealthPolicy) -> list[Finding]:
+    """What the node's own checks said: NHC-style executables, required services and mounts.
+    A check named in the policy's `disabled` list is ignored like a built-in one."""
+    findings = []
+    for result in node.checks:
+        if result.status == 0 or result.name in policy.disabled:
+            continue
+        severity: Severity = "failed" if result.status == 1 else "degraded"
+        findings.append(Finding("node", severity, f"{result.name}: {result.message or 'failed'}"))
+    return findings
+
+
 CHECKS: dict[str, Callable[[NodeSnapshot, HealthPolicy], list[Finding]]] = {
     "gpu_count": check_gpu_count,
     "xid": check_xid,
@@ -222,6 +234,7 @@ CHECKS: dict[str, Callable[[NodeSnapshot, HealthPolicy], list[Finding]]] = {
     "infiniband": check_infiniband,
     "disk": check_disks_and_memory,
     "metrics": check_metrics_fresh,
+    "node": check_node_side,
 }
 
 

@@ -22,10 +22,13 @@ from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.inventory.models import Node
 from gpufleet.jobs.ports import OWN_DRAIN_PREFIX, WorkloadManager
 from gpufleet.monitoring.checks import HealthPolicy, NodeSnapshot, Verdict, evaluate
+from gpufleet.monitoring.models import AlertRule, HealthPolicyRow
+from gpufleet.monitoring.thresholds import BUILTIN_RULES, ThresholdRule, ThresholdState, Transition
 from gpufleet.monitoring.tracker import HealthTracker
 
 GPUFLEET_ACTOR = "gpufleet"
-FACTS_TTL_S = 5.0
+FACTS_TTL_S = 5.0  # also how soon a changed health policy or alert rule is in force
+DEFAULT_CATEGORY = "default"  # the policy row that applies to nodes whose category has none
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,34 @@ class HealthJudge:
     resume_after_rounds: int = 3
     rounds: dict[int, int] = field(default_factory=dict)
     facts: dict[int, NodeFacts] = field(default_factory=dict)
+    rules: list[ThresholdRule] = field(default_factory=lambda: list(BUILTIN_RULES))
+    thresholds: ThresholdState = field(default_factory=ThresholdState)
+    config_read_at: float | None = None
 
     def policy_for(self, category: str | None) -> HealthPolicy:
-        return self.policies.get(category or "", self.default_policy)
+        return self.policies.get(category or "", self.policies.get(DEFAULT_CATEGORY, self.default_policy))
+
+    def config_stale(self, now: float) -> bool:
+        return self.config_read_at is None or now - self.config_read_at > FACTS_TTL_S
+
+    def refresh_config(self, session: Session, now: float) -> list[Transition]:
+        """Read the health policies and alert rules. Returns resolutions for alerts of removed rules."""
+        self.policies = {
+            row.category: HealthPolicy.model_validate(row.policy) for row in session.scalars(select(HealthPolicyRow))
+        }
+        custom = [
+            ThresholdRule(r.name, r.metric, r.entity_kind, r.op, r.threshold, r.for_s, r.severity)
+            for r in session.scalars(select(AlertRule).order_by(AlertRule.name))
+        ]
+        rules = list(BUILTIN_RULES) + custom
+        gone = {r.name for r in self.rules} - {r.name for r in rules}
+        resolutions = []
+        for old in (r for r in self.rules if r.name in gone):
+            for node_id, entity in self.thresholds.forget_rule(old.name):
+                resolutions.append(Transition(old, node_id, entity, False))
+        self.rules = rules
+        self.config_read_at = now
+        return resolutions
 
     def stale_facts(self, node_ids: set[int], now: float) -> list[int]:
         return [i for i in node_ids if i not in self.facts or now - self.facts[i].read_at > FACTS_TTL_S]
@@ -108,20 +136,26 @@ class HealthJudge:
             self.facts.pop(gone, None)
             self.tracker.forget(gone)
 
-    def decide(self, node_ids: set[int], now: float) -> list[_Decision]:
-        """In memory: the nodes whose stored verdict or drain must change."""
+    def decide(self, node_ids: set[int], now: float) -> tuple[list[_Decision], list[Transition]]:
+        """In memory: the nodes whose stored verdict or drain must change, and the threshold alerts
+        to fire or resolve."""
         decisions = []
+        transitions: list[Transition] = []
         for node_id in node_ids:
             facts = self.facts.get(node_id)
             view = self.tracker.view(node_id)
             if facts is None or view is None:
                 continue
+            if view.new_samples:
+                fresh = list(zip(view.times[: view.new_samples], view.samples[: view.new_samples], strict=True))
+                transitions += self.thresholds.observe(node_id, fresh[::-1], self.rules)
             snapshot = NodeSnapshot(
                 expected_gpus=facts.expected_gpus,
                 samples=view.samples,
                 events=view.events,
                 metrics_age_s=None if view.last_sample_at is None else now - view.last_sample_at,
                 metrics_interval_s=self.metrics_interval_s,
+                checks=view.checks,
             )
             verdict = evaluate(snapshot, self.policy_for(facts.category))
             rounds = self.rounds.get(node_id, 0) + view.new_samples if verdict.state == "healthy" else 0
@@ -137,7 +171,7 @@ class HealthJudge:
             )
             if drain or resume or (verdict.state, verdict.reasons) != (facts.health, facts.reasons):
                 decisions.append(_Decision(node_id, verdict, drain, resume))
-        return decisions
+        return decisions, transitions
 
     def apply(self, session: Session, clock: Clock, decisions: list[_Decision]) -> list[HealthChange]:
         """Store the decisions (re-checked against the rows, which a person may have just changed)."""

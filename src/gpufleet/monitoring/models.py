@@ -85,3 +85,31 @@ class Receiver(Base):
     name: Mapped[str] = mapped_column(String(63), unique=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class AlertRule(Base):
+    """A threshold rule: fire when `metric` of an entity of `entity_kind` compares true for `for_s`."""
+
+    __tablename__ = "alert_rules"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    metric: Mapped[str] = mapped_column(String(64))
+    entity_kind: Mapped[str] = mapped_column(String(8))  # host | gpu | disk | nic | ib
+    op: Mapped[str] = mapped_column(String(2))
+    threshold: Mapped[float] = mapped_column(Float)
+    for_s: Mapped[float] = mapped_column(Float)
+    severity: Mapped[str] = mapped_column(String(16))
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class HealthPolicyRow(Base):
+    """The health thresholds and disabled checks of one node category (`default`: every other node)."""
+
+    __tablename__ = "health_policies"
+
+    category: Mapped[str] = mapped_column(String(64), primary_key=True)
+    policy: Mapped[dict[str, Any]] = mapped_column(JSON)
+    updated_by: Mapped[str] = mapped_column(String(128))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

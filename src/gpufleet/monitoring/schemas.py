@@ -96,3 +96,27 @@ class ReceiverOut(BaseModel):
     name: str
     type: str
     target: str  # where it sends, secrets masked
+
+
+class AlertRuleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    metric: Annotated[str, StringConstraints(min_length=1, max_length=64)]
+    entity_kind: Literal["host", "gpu", "disk", "nic", "ib"]
+    op: Literal[">", ">=", "<", "<=", "==", "!="]
+    threshold: float
+    for_s: float = Field(0, ge=0, le=86_400)
+    severity: Literal["critical", "warning", "info"] = "warning"
+
+
+class AlertRuleOut(AlertRuleIn):
+    builtin: bool
+    created_by: str | None
+
+
+class HealthPolicyOut(BaseModel):
+    category: str
+    policy: dict[str, Any]
+    updated_by: str
+    updated_at: datetime

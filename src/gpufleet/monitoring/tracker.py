@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gpufleet.monitoring.checks import Entities
-from gpufleet.protocol.metrics import NodeEvent, Sample
+from gpufleet.protocol.metrics import CheckResult, NodeEvent, Sample
 
 KEPT_SAMPLES = 8
 MAX_OPEN_EVENTS = 64
@@ -27,6 +27,7 @@ class NodeTrack:
     events: list[NodeEvent] = field(default_factory=list)
     last_sample_at: float | None = None  # the head's clock when the last sample arrived
     new_samples: int = 0  # since the last evaluation: each is one round of the resume count
+    checks: list[CheckResult] = field(default_factory=list)  # node-side checks, as of the latest sample
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class TrackView:
     events: list[NodeEvent]
     last_sample_at: float | None
     new_samples: int
+    checks: list[CheckResult] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # of `samples`, latest first
 
 
 class HealthTracker:
@@ -51,6 +54,7 @@ class HealthTracker:
                     continue  # a late duplicate after a reconnect
                 entities = {e.entity: e.values for e in sample.entities}
                 track.samples.appendleft((sample.ts, entities))
+                track.checks = list(sample.checks)
                 track.new_samples += 1
                 track.events = [e for e in track.events if not _cleared_by(e, sample.ts, entities)]
             track.last_sample_at = received_at
@@ -89,7 +93,14 @@ class HealthTracker:
             track = self._nodes.get(node_id)
             if track is None:
                 return None
-            view = TrackView([s for _, s in track.samples], list(track.events), track.last_sample_at, track.new_samples)
+            view = TrackView(
+                [s for _, s in track.samples],
+                list(track.events),
+                track.last_sample_at,
+                track.new_samples,
+                list(track.checks),
+                [t for t, _ in track.samples],
+            )
             track.new_samples = 0
             return view
 

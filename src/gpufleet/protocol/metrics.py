@@ -100,6 +100,23 @@ class EntityValues(BaseModel):
     values: dict[MetricName, float] = Field(max_length=MAX_METRICS_PER_ENTITY)
 
 
+CheckName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")]
+
+
+class CheckResult(BaseModel):
+    """The outcome of one node-side check: a custom check in the NHC style (an executable whose exit
+    code and first output line are the verdict) or a required service (`service:<unit>`).
+
+    `status`: 0 pass, 1 fail (the node is `failed` and drained), 2 warn (`degraded`); a check that
+    cannot run or times out reports 2 with the reason, so a broken script never drains a fleet."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: CheckName
+    status: Literal[0, 1, 2]
+    message: Annotated[str, StringConstraints(max_length=256)] = ""
+
+
 class Sample(BaseModel):
     """One collection round on one node."""
 
@@ -107,6 +124,7 @@ class Sample(BaseModel):
 
     ts: float = Field(description="Unix time the round started")
     entities: list[EntityValues] = Field(max_length=MAX_ENTITIES_PER_SAMPLE)
+    checks: list[CheckResult] = Field(default_factory=list, max_length=256)
 
 
 EventKind = Literal["xid", "gpu_lost", "collector_failed"]

@@ -32,6 +32,7 @@ from gpufleet.inventory.models import Node
 from gpufleet.monitoring import alerts, store
 from gpufleet.monitoring.health import HealthChange, HealthJudge
 from gpufleet.monitoring.models import Alert
+from gpufleet.monitoring.thresholds import Transition
 from gpufleet.monitoring.tracker import HealthTracker
 from gpufleet.protocol.metrics import NodeEvent, Sample
 
@@ -113,34 +114,70 @@ class MonitoringLoops:
         if not nodes and not liveness:
             return []
         now = self.clock.now()
-        stale = self.judge.stale_facts(nodes, now)
-        if stale:
-            with transaction(self.sessions, readonly=True) as session:
-                self.judge.refresh_facts(session, stale, now)
-        decisions = self.judge.decide(nodes, now)
-        if not decisions and not liveness:
+        transitions = self._refresh(nodes, now)
+        decisions, crossed = self.judge.decide(nodes, now)
+        transitions += crossed
+        if not decisions and not liveness and not transitions:
             return []
         with transaction(self.sessions) as session:
             changes = self.judge.apply(session, self.clock, decisions)
             fired: list[Alert] = []
             for change in changes:
                 fired += alerts.on_health_change(session, self.clock, change)
+            for t in transitions:
+                fired += self._threshold_alert(session, t)
             for live in liveness:
                 fired += alerts.on_liveness_change(
                     session, self.clock, live.node_id, live.name, live.to_state, live.reason
                 )
+        self._report(changes)
+        if fired:
+            self.on_alerts(fired)
+        return changes
+
+    def _refresh(self, nodes: set[int], now: float) -> list[Transition]:
+        """Re-read stale node facts, policies and rules (one read transaction, only when due)."""
+        stale = self.judge.stale_facts(nodes, now)
+        if not stale and not self.judge.config_stale(now):
+            return []
+        with transaction(self.sessions, readonly=True) as session:
+            if stale:
+                self.judge.refresh_facts(session, stale, now)
+            if self.judge.config_stale(now):
+                return self.judge.refresh_config(session, now)
+        return []
+
+    @staticmethod
+    def _report(changes: list[HealthChange]) -> None:
         for change in changes:
             if change.drained:
                 log.warning("node %s drained: %s", change.node, change.drained)
             elif change.resumed:
                 log.info("node %s resumed: healthy again", change.node)
             if change.before != change.after:
-                log.info(
-                    "node %s health %s -> %s: %s", change.node, change.before, change.after, "; ".join(change.reasons)
-                )
-        if fired:
-            self.on_alerts(fired)
-        return changes
+                reasons = "; ".join(change.reasons)
+                log.info("node %s health %s -> %s: %s", change.node, change.before, change.after, reasons)
+
+    def _threshold_alert(self, session: Session, t: Transition) -> list[Alert]:
+        facts = self.judge.facts.get(t.node_id)
+        if facts is None:
+            return []
+        entity = None if t.gpu is not None or t.entity == "host" else t.entity
+        if t.firing:
+            alert = alerts.fire(
+                session,
+                self.clock,
+                t.rule.name,
+                t.node_id,
+                facts.name,
+                t.summary,
+                t.gpu,
+                severity=t.rule.severity,
+                entity=entity,
+            )
+        else:
+            alert = alerts.resolve(session, self.clock, t.rule.name, facts.name, t.gpu, entity)
+        return [alert] if alert is not None else []
 
     def rollup_once(self) -> int:
         if not self.is_leader():

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 
 from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.auth.policy import Permission
@@ -16,12 +16,17 @@ from gpufleet.core.errors import InvalidInput, Unavailable
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
 from gpufleet.jobs import service as jobs
-from gpufleet.monitoring import alerts, receivers, store
+from gpufleet.monitoring import alerts, receivers, rules, store
+from gpufleet.monitoring.checks import HealthPolicy
+from gpufleet.monitoring.models import HealthPolicyRow
 from gpufleet.monitoring.schemas import (
     AlertOut,
+    AlertRuleIn,
+    AlertRuleOut,
     DrainRequest,
     FaultOutcome,
     FaultRequest,
+    HealthPolicyOut,
     MetricPoint,
     MetricSeries,
     NodeHealth,
@@ -29,6 +34,7 @@ from gpufleet.monitoring.schemas import (
     SilenceCreate,
     SilenceOut,
 )
+from gpufleet.monitoring.thresholds import ThresholdRule
 from gpufleet.protocol.metrics import FaultCommand
 
 router = APIRouter(tags=["monitoring"])
@@ -200,3 +206,71 @@ def add_receiver(
 def remove_receiver(name: str, _: Annotated[Principal, allow(Permission.ALERTS_WRITE)], ctx: Ctx) -> None:
     with tx(ctx) as db:
         receivers.remove_receiver(db, name)
+
+
+def _rule_out(rule: ThresholdRule, created_by: str | None) -> AlertRuleOut:
+    return AlertRuleOut(
+        name=rule.name,
+        metric=rule.metric,
+        entity_kind=rule.entity_kind,
+        op=rule.op,
+        threshold=rule.threshold,
+        for_s=rule.for_s,
+        severity=rule.severity,
+        builtin=rule.builtin,
+        created_by=created_by,
+    )
+
+
+@router.get("/alert-rules")
+def list_alert_rules(_: Annotated[Principal, allow(Permission.ALERTS_READ)], ctx: Ctx) -> list[AlertRuleOut]:
+    """Threshold rules: the built-in ones and the admins'. Node health and liveness alerts are not listed."""
+    with tx(ctx, readonly=True) as db:
+        return [_rule_out(rule, by) for rule, by in rules.list_rules(db)]
+
+
+@router.post("/alert-rules", status_code=201)
+def add_alert_rule(
+    body: AlertRuleIn, caller: Annotated[Principal, allow(Permission.ALERTS_WRITE)], ctx: Ctx, request: Request
+) -> AlertRuleOut:
+    request.state.audit_target = f"rule {body.name}"
+    rule = ThresholdRule(**body.model_dump())
+    with tx(ctx) as db:
+        rules.add_rule(db, ctx.clock, rule, caller.actor)
+    return _rule_out(rule, caller.actor)
+
+
+@router.delete("/alert-rules/{name}", status_code=204)
+def remove_alert_rule(name: str, _: Annotated[Principal, allow(Permission.ALERTS_WRITE)], ctx: Ctx) -> None:
+    with tx(ctx) as db:
+        rules.remove_rule(db, name)
+
+
+def _policy_out(row: HealthPolicyRow) -> HealthPolicyOut:
+    return HealthPolicyOut(
+        category=row.category, policy=row.policy, updated_by=row.updated_by, updated_at=row.updated_at
+    )
+
+
+@router.get("/health-policies")
+def list_health_policies(_: Annotated[Principal, allow(Permission.NODES_READ)], ctx: Ctx) -> list[HealthPolicyOut]:
+    """Health thresholds per node category; `default` for the rest. Categories without a row use the defaults."""
+    with tx(ctx, readonly=True) as db:
+        return [_policy_out(r) for r in rules.list_policies(db)]
+
+
+@router.put("/health-policies/{category}")
+def set_health_policy(
+    category: Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")],
+    body: HealthPolicy,
+    caller: Annotated[Principal, allow(Permission.NODES_WRITE)],
+    ctx: Ctx,
+) -> HealthPolicyOut:
+    with tx(ctx) as db:
+        return _policy_out(rules.set_policy(db, ctx.clock, category, body, caller.actor))
+
+
+@router.delete("/health-policies/{category}", status_code=204)
+def remove_health_policy(category: str, _: Annotated[Principal, allow(Permission.NODES_WRITE)], ctx: Ctx) -> None:
+    with tx(ctx) as db:
+        rules.remove_policy(db, category)

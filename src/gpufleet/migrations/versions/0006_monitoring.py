@@ -18,6 +18,29 @@ depends_on = None
 
 def upgrade() -> None:
     op.create_table(
+        "alert_rules",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("name", sa.String(length=64), nullable=False),
+        sa.Column("metric", sa.String(length=64), nullable=False),
+        sa.Column("entity_kind", sa.String(length=8), nullable=False),
+        sa.Column("op", sa.String(length=2), nullable=False),
+        sa.Column("threshold", sa.Float(), nullable=False),
+        sa.Column("for_s", sa.Float(), nullable=False),
+        sa.Column("severity", sa.String(length=16), nullable=False),
+        sa.Column("created_by", sa.String(length=128), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_alert_rules")),
+        sa.UniqueConstraint("name", name=op.f("uq_alert_rules_name")),
+    )
+    op.create_table(
+        "health_policies",
+        sa.Column("category", sa.String(length=64), nullable=False),
+        sa.Column("policy", sa.JSON(), nullable=False),
+        sa.Column("updated_by", sa.String(length=128), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("category", name=op.f("pk_health_policies")),
+    )
+    op.create_table(
         "alert_receivers",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("name", sa.String(length=63), nullable=False),
@@ -106,6 +129,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_table("health_policies")
+    op.drop_table("alert_rules")
     with op.batch_alter_table("nodes", schema=None) as batch_op:
         batch_op.drop_column("drained_by")
         batch_op.drop_column("drain_reason")
