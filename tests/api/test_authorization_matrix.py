@@ -12,7 +12,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpufleet.api.app import API_PREFIX, API_ROUTERS
+from gpufleet.api.app import API_PREFIX, API_ROUTERS, ROOT_ROUTERS
 from gpufleet.api.deps import PermissionCheck
 from gpufleet.auth import service as auth
 from gpufleet.auth.policy import Permission, Role, allowed
@@ -41,8 +41,10 @@ def _permission(route: APIRoute) -> Permission | None:
 
 
 def _api_routes(client: TestClient) -> list[tuple[str, str, Permission | None]]:
-    """Every HTTP route under /api: the routers the app serves, and the app's own (the schema)."""
+    """Every HTTP route under /api (the routers the app serves, and the app's own: the schema), and
+    those of the routers served elsewhere (GET /metrics)."""
     found = [(API_PREFIX + r.path, r) for router in API_ROUTERS for r in router.routes]
+    found += [(r.path, r) for router in ROOT_ROUTERS for r in router.routes]
     found += [(r.path, r) for r in client.app.router.routes if getattr(r, "path", "").startswith("/api")]  # type: ignore[attr-defined]
     return [
         (method, path, _permission(route))
@@ -94,3 +96,7 @@ def test_route_role_matrix(client: TestClient, callers: dict[str, str | None]) -
                     assert status == 403, (method, path, who, status)
             checked += 1
     assert checked >= 8 * len(callers)  # the matrix really covered the routes
+
+
+def test_the_matrix_covers_routes_outside_the_api(client: TestClient) -> None:
+    assert ("GET", "/metrics", Permission.METRICS_READ) in _api_routes(client)

@@ -171,3 +171,14 @@ def test_a_category_policy_decides_for_its_nodes(sessions: sessionmaker[Session]
         rules.set_policy(s, clock, "dev", HealthPolicy(disabled=["gpu_count"]), "user:olivia")
     h.sample(gpus=7)  # a GPU missing, but this category does not count GPUs
     assert (h.node().health, h.node().drained_at) == ("healthy", None)
+
+
+def test_the_parts_of_a_split_sample_are_judged_together(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+    h = Harness(sessions, clock)
+    clock.advance(5)
+    first = [EntityValues(entity=f"gpu:{i}", values={"gpu_util": 1.0}) for i in range(4)]
+    second = [EntityValues(entity=f"gpu:{i}", values={"gpu_util": 1.0}) for i in range(4, 8)]
+    h.loops.ingest(h.node_id, [Sample(ts=clock.now(), entities=first)])
+    h.loops.ingest(h.node_id, [Sample(ts=clock.now(), entities=second)])  # same time: the second part
+    h.loops.health_once()
+    assert h.node().health == "healthy"  # all 8 GPUs counted, not 4

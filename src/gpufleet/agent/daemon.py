@@ -17,6 +17,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from gpufleet.agent.accounts import AccountSync, SyncReport
+from gpufleet.agent.checks.ports import CheckSource
 from gpufleet.agent.credentials import Credential, CredentialStore
 from gpufleet.agent.faults import AGENT_FAULTS, REFUSED_ON_REAL_NODES, FaultTarget
 from gpufleet.agent.inventory import InventorySource
@@ -38,7 +39,7 @@ from gpufleet.protocol.messages import (
     Welcome,
     head_message_adapter,
 )
-from gpufleet.protocol.metrics import FaultCommand
+from gpufleet.protocol.metrics import CheckResult, FaultCommand
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,6 +68,8 @@ class AgentOptions:
     faults: FaultTarget | None = None  # simulated nodes only: where `gpufleet sim fault` lands
     metrics_interval_s: float = 5.0
     metrics_backlog: int = 60  # samples kept while the head is unreachable; the oldest go first
+    checks: CheckSource | None = None  # the node's own checks, run every checks_interval_s; None: none
+    checks_interval_s: float = 60.0
 
 
 def channel_url(server: str) -> str:
@@ -113,6 +116,8 @@ class Agent:
         self._running.set()
         self.crashed = False  # simulated node-crash: nothing leaves but answers to commands
         self.hung = False  # simulated agent-hang: heartbeats only
+        self.check_results: list[CheckResult] = []  # the latest round's, attached to every sample
+        self._checks_ran = asyncio.Event()  # the first round of checks is over
 
     # -- joining ----------------------------------------------------------------------------------
     async def ensure_credential(self) -> Credential:
@@ -156,6 +161,8 @@ class Agent:
             background.append(asyncio.create_task(self._collect_metrics(self.options.metrics)))
         if self.options.events is not None:
             background.append(asyncio.create_task(self._watch_events(self.options.events)))
+        if self.options.checks is not None:
+            background.append(asyncio.create_task(self._run_checks(self.options.checks)))
         try:
             await self._connect_forever()
         finally:
@@ -280,6 +287,10 @@ class Agent:
     # -- metrics, events, faults --------------------------------------------------------------------
     async def _collect_metrics(self, source: SampleSource) -> None:
         """Sample every interval, in a worker thread so a slow NVML never delays a heartbeat."""
+        if self.options.checks is not None:
+            # The head takes each sample's checks as the node's current verdict: a sample sent before the
+            # checks first ran would clear a failed check's finding after every agent restart.
+            await self._checks_ran.wait()
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         while True:
@@ -290,10 +301,27 @@ class Agent:
                 log.exception("metrics round failed")
             else:
                 if self._running.is_set():
+                    if self.options.checks is not None:
+                        sample = sample.model_copy(update={"checks": self.check_results})
                     self.outbox.add_events(events)
                     self.outbox.add_sample(sample)
                     self._outbox_ready.set()
             next_at = max(next_at + self.options.metrics_interval_s, loop.time())
+            await asyncio.sleep(next_at - loop.time())
+
+    async def _run_checks(self, source: CheckSource) -> None:
+        """Run the node's checks every checks_interval_s, in a worker thread: a slow check never delays a
+        heartbeat or a sample. Samples carry the latest results in between."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            await self._running.wait()
+            try:
+                self.check_results = await asyncio.to_thread(source.run)
+            except Exception:  # the runner raises nothing on purpose; a bug in it must not end the checks
+                log.exception("checks round failed; keeping the last results")
+            self._checks_ran.set()
+            next_at = max(next_at + self.options.checks_interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
 
     async def _watch_events(self, source: EventSource) -> None:

@@ -7,8 +7,10 @@ import asyncio
 import httpx
 
 from gpufleet.agent.accounts import AccountSync
+from gpufleet.agent.checks.runner import HostChecks
 from gpufleet.agent.credentials import CredentialStore
 from gpufleet.agent.daemon import Agent, AgentOptions, with_retry
+from gpufleet.agent.exposition import AgentMetrics, KeepLatest, serve
 from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.gpu.smi import NvidiaSmiReader
 from gpufleet.agent.host import read_host_facts
@@ -16,6 +18,7 @@ from gpufleet.agent.inventory import inventory_source
 from gpufleet.agent.metrics.gpu import GpuCollector
 from gpufleet.agent.metrics.host import HostCollector
 from gpufleet.agent.metrics.infiniband import IbCollector
+from gpufleet.agent.metrics.ports import SampleSource
 from gpufleet.agent.metrics.sampler import Sampler
 from gpufleet.agent.metrics.xid import XidBook, XidWatcher
 from gpufleet.agent.trust import head_context
@@ -33,8 +36,18 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
         accounts = AccountSync(settings.accounts_root, settings.agent_state_dir / "accounts.json")
 
     xids = XidBook()
-    metrics = Sampler([GpuCollector(xids=xids), HostCollector(), IbCollector()])
+    metrics: SampleSource = Sampler([GpuCollector(xids=xids), HostCollector(), IbCollector()])
+    if settings.agent_metrics_listen:
+        latest = KeepLatest(metrics)
+        serve(AgentMetrics(name, latest, read), settings.agent_metrics_listen)
+        metrics = latest
     events = XidWatcher(book=xids)
+    checks = HostChecks(
+        settings.checks_dir,
+        timeout_s=settings.checks_timeout_s,
+        services=settings.required_services,
+        mounts=settings.required_mounts,
+    )
     secret, pin = split_join_token(join_token) if join_token else (None, None)
 
     async def main() -> None:
@@ -55,6 +68,8 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
                 metrics=metrics,
                 events=events,
                 metrics_interval_s=settings.metrics_interval_s,
+                checks=checks,
+                checks_interval_s=settings.checks_interval_s,
             )
             await Agent(options, store, AgentHttp(settings.server, http), read).run()
 

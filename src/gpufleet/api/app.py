@@ -27,6 +27,7 @@ from gpufleet.api.routers import (
     audit_log,
     nodes,
     projects,
+    prometheus_metrics,
     status_page,
     tokens,
     users,
@@ -86,6 +87,9 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     projects.router,
     monitoring_routes.router,
 )
+# Routers served outside /api/v1 whose routes name a permission (GET /metrics, where Prometheus
+# looks); the route x role matrix test walks these too.
+ROOT_ROUTERS: tuple[APIRouter, ...] = (prometheus_metrics.router,)
 
 
 def _served_ca(settings: Settings) -> str | None:
@@ -176,6 +180,8 @@ def create_app(
     app.include_router(api)
     app.include_router(status_page.router)
     app.include_router(web_login.router)
+    for router in ROOT_ROUTERS:
+        app.include_router(router)
 
     @app.get("/api/openapi.json", include_in_schema=False, dependencies=[allow(Permission.API_SCHEMA)])
     def openapi() -> dict[str, Any]:

@@ -34,6 +34,7 @@ class Permission(enum.StrEnum):
     AUDIT_READ = "audit:read"
     ALERTS_READ = "alerts:read"
     ALERTS_WRITE = "alerts:write"  # acknowledge, silence, manage receivers
+    METRICS_READ = "metrics:read"  # the fleet in Prometheus' format (GET /metrics)
     AGENT_REPORT = "agent:report"  # a node reporting about itself
 
 
@@ -45,6 +46,7 @@ _READ_CLUSTER = frozenset(
         Permission.PROJECTS_READ,
         Permission.TOKENS_OWN,
         Permission.ALERTS_READ,
+        Permission.METRICS_READ,
     }
 )
 # What a token with scope "read" may still do, whatever its role.

@@ -7,6 +7,8 @@ reads the environment behind the caller's back.
 from __future__ import annotations
 
 import os
+import posixpath
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from gpufleet.core.errors import ConfigError, describe
 
 DEFAULT_CONFIG_FILE = Path("/etc/gpufleet/gpufleet.toml")
+_UNIT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,119}")
+_MOUNT_PATTERN = re.compile(r"/[A-Za-z0-9._@/-]{0,119}")
 
 
 def default_client_file() -> Path:
@@ -85,6 +89,18 @@ class Settings(BaseSettings):
     accounts_sync: bool = Field(False, description="create and update the cluster users' accounts on the node")
     accounts_root: Path = Field(Path("/"), description="root directory whose etc/passwd the account sync edits")
     accounts_interval_s: float = Field(60.0, ge=1, le=86400, description="how often the agent asks for the accounts")
+    agent_metrics_listen: str | None = Field(
+        None, description="HOST:PORT where the agent serves its latest sample in Prometheus' format; None: off"
+    )
+    checks_dir: Path = Field(
+        Path("/etc/gpufleet/checks.d"), description="custom checks: every executable file here (NHC style)"
+    )
+    checks_interval_s: float = Field(60.0, ge=1, le=86400, description="how often the agent runs the node's checks")
+    checks_timeout_s: float = Field(10.0, gt=0, le=3600, description="how long one check may run before it warns")
+    required_services: list[str] = Field(
+        default_factory=list, description="systemd units that must be active (check service:UNIT)"
+    )
+    required_mounts: list[str] = Field(default_factory=list, description="paths that must be mount points")
     log_level: str = Field("INFO", description="logging level")
 
     @field_validator("listen")
@@ -94,6 +110,11 @@ class Settings(BaseSettings):
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:8080")
         return value
+
+    @field_validator("agent_metrics_listen")
+    @classmethod
+    def _check_agent_metrics_listen(cls, value: str | None) -> str | None:
+        return None if value is None else cls._check_listen(value)
 
     @field_validator("log_level")
     @classmethod
@@ -108,6 +129,32 @@ class Settings(BaseSettings):
         if not value.is_absolute():
             raise ValueError("must be an absolute path")  # useradd --root takes only absolute paths
         return value
+
+    @field_validator("checks_dir")
+    @classmethod
+    def _check_checks_dir(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError("must be an absolute path")
+        return value
+
+    @field_validator("required_services")
+    @classmethod
+    def _check_required_services(cls, value: list[str]) -> list[str]:
+        # The unit becomes part of a check name (`service:UNIT`), whose characters the protocol limits.
+        for unit in value:
+            if not _UNIT_PATTERN.fullmatch(unit):
+                raise ValueError(f"{unit[:80]!r} is not a unit name of letters, digits and '.', '_', ':', '@', '-'")
+        return list(dict.fromkeys(value))
+
+    @field_validator("required_mounts")
+    @classmethod
+    def _check_required_mounts(cls, value: list[str]) -> list[str]:
+        paths = []
+        for path in value:
+            if not _MOUNT_PATTERN.fullmatch(path):
+                raise ValueError(f"{path[:80]!r} is not an absolute path of letters, digits and '.', '_', '@', '-'")
+            paths.append("/" + posixpath.normpath(path).lstrip("/"))  # POSIX keeps a leading "//"
+        return list(dict.fromkeys(paths))
 
     @field_validator("server")
     @classmethod

@@ -50,9 +50,14 @@ class HealthTracker:
         with self._lock:
             track = self._nodes.setdefault(node_id, NodeTrack())
             for sample in sorted(samples, key=lambda s: s.ts):
-                if track.samples and sample.ts <= track.samples[0][0]:
-                    continue  # a late duplicate after a reconnect
                 entities = {e.entity: e.values for e in sample.entities}
+                if track.samples and sample.ts == track.samples[0][0]:
+                    # A sample too big for one message comes in parts with the same time: merge them.
+                    track.samples[0][1].update(entities)
+                    track.checks += sample.checks
+                    continue
+                if track.samples and sample.ts < track.samples[0][0]:
+                    continue  # a late duplicate after a reconnect
                 track.samples.appendleft((sample.ts, entities))
                 track.checks = list(sample.checks)
                 track.new_samples += 1

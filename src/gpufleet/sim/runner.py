@@ -27,6 +27,7 @@ from gpufleet.agent.metrics.xid import XidBook, XidWatcher
 from gpufleet.client import AgentHttp
 from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.protocol.inventory import MAX_GPUS_PER_NODE
+from gpufleet.sim.checks import SimulatedChecks
 from gpufleet.sim.faults import SimulatedFaults
 from gpufleet.sim.host import simulated_host
 from gpufleet.sim.host_metrics import SimulatedHostMetrics
@@ -57,6 +58,8 @@ class SimOptions:
     metrics_interval_s: float | None = 5.0  # None: no metrics (heartbeats only)
     metrics_backlog: int = 12  # samples each node keeps while the head is away (1,000 nodes hold them all)
     ib_ports: int = 4  # simulated InfiniBand ports per node
+    # Simulated nodes run no host checks; a number gives each a SimulatedChecks (no results until a test sets some).
+    checks_interval_s: float | None = None
 
 
 @dataclass
@@ -113,6 +116,9 @@ class Simulation:
         options.events = XidWatcher(nvml, xids, blocking=False)
         options.metrics_interval_s = self.options.metrics_interval_s
         options.metrics_backlog = self.options.metrics_backlog
+        if self.options.checks_interval_s is not None:
+            options.checks = SimulatedChecks()
+            options.checks_interval_s = self.options.checks_interval_s
 
     def start_node(self, name: str) -> None:
         task = self.tasks.get(name)

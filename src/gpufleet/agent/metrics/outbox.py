@@ -137,19 +137,21 @@ class Outbox:
 
     def _split(self, sample: Sample) -> list[str]:
         """Parts of a sample too big for one message (64 GPUs and many ports): same `ts`, entities packed
-        greedily by their serialised size."""
+        greedily by their serialised size. The node's checks go whole in the first part (the agent keeps
+        them to half a message)."""
         budget = self._budget(_METRICS_HEAD)
         empty = len(Sample(ts=sample.ts, entities=[]).model_dump_json())
+        checks = sample.checks
         parts: list[str] = []
         current: list[EntityValues] = []
-        used = empty
+        used = len(Sample(ts=sample.ts, entities=[], checks=checks).model_dump_json().encode())
         for entity in sample.entities:
             size = len(entity.model_dump_json().encode()) + 1
-            if current and used + size > budget:
-                parts.append(Sample(ts=sample.ts, entities=current).model_dump_json())
-                current, used = [], empty
+            if (current or checks) and used + size > budget:
+                parts.append(Sample(ts=sample.ts, entities=current, checks=checks).model_dump_json())
+                current, used, checks = [], empty, []
             current.append(entity)
             used += size
-        if current:
-            parts.append(Sample(ts=sample.ts, entities=current).model_dump_json())
+        if current or checks:
+            parts.append(Sample(ts=sample.ts, entities=current, checks=checks).model_dump_json())
         return parts

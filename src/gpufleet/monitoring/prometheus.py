@@ -1,0 +1,101 @@
+"""The head's Prometheus collector: the fleet as dcgm-exporter names it, read when scraped.
+
+Nothing is copied to be exported. A scrape reads the latest sample of each node this replica holds
+from the `HealthTracker` (in memory already, for the health checks) and the node facts from the
+database in one read-only transaction: GPU UUID, model, PCI bus id and driver for the labels; state,
+health and drain for `gpufleet_node_*`; the alerts firing.
+
+Several replicas: each tracker holds only the nodes whose channels that replica holds, so Prometheus
+must scrape every replica to see every GPU (list each in the scrape job). The `gpufleet_node_*` and
+`gpufleet_alerts_firing` series come from the shared database and are the same on every replica;
+the exported alert rules aggregate them `by (node)`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from prometheus_client.metrics_core import Metric
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpufleet.core.db import transaction
+from gpufleet.inventory.models import Gpu, Node
+from gpufleet.inventory.states import NodeState
+from gpufleet.monitoring.alerts import RULES
+from gpufleet.monitoring.models import Alert
+from gpufleet.monitoring.tracker import HealthTracker
+from gpufleet.prometheus.exposition import Families, GpuFacts, NodeMetrics
+from gpufleet.prometheus.names import (
+    ALERTS_FIRING,
+    HEALTH_VALUES,
+    NODE_DRAINED,
+    NODE_EXPECTED_GPUS,
+    NODE_HEALTH,
+    NODE_LABEL,
+    NODE_UP,
+)
+
+
+class FleetCollector:
+    """A prometheus-client collector (`collect()` yields metric families) over one replica's state.
+
+    Raises Unavailable (from `core.db.transaction`) when the database does not answer.
+    """
+
+    def __init__(self, sessions: sessionmaker[Session], tracker: HealthTracker) -> None:
+        self.sessions = sessions
+        self.tracker = tracker
+
+    def collect(self) -> Iterable[Metric]:
+        held = set(self.tracker.tracked())
+        with transaction(self.sessions, readonly=True) as session:
+            nodes = session.execute(
+                select(
+                    Node.id,
+                    Node.name,
+                    Node.hostname,
+                    Node.state,
+                    Node.health,
+                    Node.drained_at,
+                    Node.expected_gpus,
+                ).order_by(Node.name)
+            ).all()
+            gpus: dict[int, dict[int, GpuFacts]] = defaultdict(dict)
+            if held:
+                rows = session.execute(
+                    select(Gpu.node_id, Gpu.index, Gpu.uuid, Gpu.model, Gpu.pci_bus_id, Gpu.driver_version).where(
+                        Gpu.node_id.in_(held)
+                    )
+                )
+                for node_id, index, uuid, model, bus, driver in rows:
+                    gpus[node_id][index] = GpuFacts(uuid, model, bus, driver or "")
+            firing = session.execute(
+                select(Alert.rule, Alert.severity, func.count())
+                .where(Alert.status == "firing")
+                .group_by(Alert.rule, Alert.severity)
+            ).all()
+        families = Families()
+        for family in (NODE_UP, NODE_HEALTH, NODE_DRAINED, NODE_EXPECTED_GPUS, ALERTS_FIRING):
+            families.declare(family)
+        for node in nodes:
+            labels = {NODE_LABEL: node.name}
+            if node.state is not NodeState.NEW:  # never heard from: neither up nor down
+                families.add(NODE_UP, labels, 1.0 if node.state is NodeState.UP else 0.0)
+            if node.health in HEALTH_VALUES:
+                families.add(NODE_HEALTH, labels, HEALTH_VALUES[node.health])
+            families.add(NODE_DRAINED, labels, 0.0 if node.drained_at is None else 1.0)
+            families.add(NODE_EXPECTED_GPUS, labels, float(node.expected_gpus))
+        counts = {(rule, severity): float(count) for rule, severity, count in firing}
+        for name, rule in RULES.items():  # zero, not absent, for a built-in rule not firing
+            counts.setdefault((name, rule.severity), 0.0)
+        for (rule_name, severity), count in sorted(counts.items()):
+            families.add(ALERTS_FIRING, {"alertname": rule_name, "severity": severity}, count)
+        for node in nodes:
+            if node.id not in held:
+                continue
+            entities = self.tracker.latest(node.id)
+            if entities:
+                families.add_node(NodeMetrics(node.name, node.hostname or node.name, entities, gpus.get(node.id, {})))
+        return families.collect()

@@ -1,0 +1,130 @@
+"""GET /metrics: authenticated like the API, the fleet under dcgm-exporter's names, labels from the
+inventory, node state and alerts from the database, GPU values from this replica's tracker."""
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import update
+
+from gpufleet.core.clock import FakeClock, to_datetime
+from gpufleet.core.db import transaction
+from gpufleet.inventory import service as inventory
+from gpufleet.inventory.models import Node
+from gpufleet.inventory.states import NodeState
+from gpufleet.monitoring import alerts
+from gpufleet.protocol.metrics import EntityValues, Sample
+
+
+def _gpu(index: int) -> dict[str, Any]:
+    return {
+        "index": index,
+        "uuid": f"GPU-{index:08d}-1111-2222-3333-444444444444",
+        "model": "NVIDIA H200",
+        "pci_bus_id": f"00000000:{0x18 + index:02X}:00.0",
+        "memory_total_mib": 143771,
+        "driver_version": "580.95.05",
+    }
+
+
+def _join(client: TestClient, name: str, gpus: int) -> tuple[int, str]:
+    """A node that joined with an inventory of `gpus` GPUs: (node id, its credential)."""
+    join = client.post("/api/v1/tokens/join", json={"expires_in_s": 60}).json()["token"]
+    body = {"name": name, "inventory": {"hostname": f"{name}.lab", "cpus": 8, "memory_total_mib": 1024, "gpus": []}}
+    body["inventory"]["gpus"] = [_gpu(i) for i in range(gpus)]
+    joined = client.post("/api/v1/agent/join", json=body, headers={"Authorization": f"Bearer {join}"})
+    assert joined.status_code == 200, joined.text
+    with transaction(client.app.state.ctx.sessions, readonly=True) as s:  # type: ignore[attr-defined]
+        return inventory.get_node(s, name).id, joined.json()["credential"]
+
+
+def _scrape(client: TestClient, **headers: str) -> dict[str, Any]:
+    response = client.get("/metrics", headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return {f.name: f for f in text_string_to_metric_families(response.text)}
+
+
+def _values(family: Any) -> dict[tuple[tuple[str, str], ...], float]:
+    return {tuple(sorted(s.labels.items())): s.value for s in family.samples}
+
+
+def test_metrics_needs_a_token_with_metrics_read(client: TestClient) -> None:
+    _, credential = _join(client, "n1", 0)
+    assert client.get("/metrics", headers={"Authorization": ""}).status_code == 401
+    assert client.get("/metrics", headers={"Authorization": "Bearer gfa_wrong"}).status_code == 401
+    assert client.get("/metrics", headers={"Authorization": f"Bearer {credential}"}).status_code == 403
+    client.post("/api/v1/users", json={"username": "prometheus", "role": "viewer"})
+    read = client.post("/api/v1/tokens/user", json={"user": "prometheus", "scope": "read"}).json()["token"]
+    assert "gpufleet_node_up" in _scrape(client, Authorization=f"Bearer {read}")
+
+
+def test_metrics_exposes_the_fleet_under_dcgm_names(client: TestClient, clock: FakeClock) -> None:
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    n1, _ = _join(client, "n1", 2)
+    client.post("/api/v1/nodes", json={"names": ["n2"]})  # registered, never heard from
+    sample = Sample(
+        ts=clock.now(),
+        entities=[
+            EntityValues(entity="gpu:0", values={"gpu_util": 93.0, "gpu_temp_c": 71.0, "energy_mj": 5e9}),
+            EntityValues(entity="gpu:1", values={"gpu_util": 12.0, "xid_last": 79.0}),
+            EntityValues(entity="host", values={"load1": 3.0}),
+            EntityValues(entity="ib:mlx5_0/1", values={"ib_state": 4.0}),
+        ],
+    )
+    ctx.monitoring.ingest(n1, [sample])
+    with transaction(ctx.sessions) as s:
+        s.execute(
+            update(Node)
+            .where(Node.id == n1)
+            .values(state=NodeState.UP, health="failed", drained_at=to_datetime(clock.now()))
+        )
+        alerts.fire(s, clock, "NodeFailed", n1, "n1", "GPU 1: Xid 79")
+
+    families = _scrape(client)
+    util = _values(families["DCGM_FI_DEV_GPU_UTIL"])
+    gpu0 = {
+        "gpu": "0",
+        "UUID": _gpu(0)["uuid"],
+        "pci_bus_id": "00000000:18:00.0",
+        "device": "nvidia0",
+        "modelName": "NVIDIA H200",
+        "Hostname": "n1.lab",
+        "DCGM_FI_DRIVER_VERSION": "580.95.05",
+        "node": "n1",
+    }
+    assert util[tuple(sorted(gpu0.items()))] == 93.0
+    assert len(util) == 2
+    assert list(_values(families["DCGM_FI_DEV_XID_ERRORS"]).values()) == [79.0]
+    assert families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].type == "counter"
+    assert _values(families["gpufleet_load1"]) == {(("node", "n1"),): 3.0}
+    assert _values(families["gpufleet_node_up"]) == {(("node", "n1"),): 1.0}  # n2: never heard from
+    assert _values(families["gpufleet_node_health"]) == {(("node", "n1"),): 2.0}  # n2: not judged yet
+    assert _values(families["gpufleet_node_drained"]) == {(("node", "n1"),): 1.0, (("node", "n2"),): 0.0}
+    assert _values(families["gpufleet_node_gpus_expected"])[(("node", "n1"),)] == 2.0
+    firing = _values(families["gpufleet_alerts_firing"])
+    assert firing[(("alertname", "NodeFailed"), ("severity", "critical"))] == 1.0
+    assert firing[(("alertname", "NodeDown"), ("severity", "critical"))] == 0.0
+
+
+def test_a_node_held_by_another_replica_keeps_only_its_database_series(client: TestClient, clock: FakeClock) -> None:
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    n1, _ = _join(client, "n1", 1)
+    ctx.monitoring.ingest(
+        n1, [Sample(ts=clock.now(), entities=[EntityValues(entity="gpu:0", values={"gpu_util": 5.0})])]
+    )
+    assert "DCGM_FI_DEV_GPU_UTIL" in _scrape(client)
+    ctx.monitoring.tracker.forget(n1)  # what closing its channel here does
+    families = _scrape(client)
+    assert "DCGM_FI_DEV_GPU_UTIL" not in families
+    assert _values(families["gpufleet_node_drained"]) == {(("node", "n1"),): 0.0}
+
+
+def test_metrics_are_gzipped_when_the_scraper_asks(client: TestClient) -> None:
+    client.post("/api/v1/nodes", json={"names": ["n1"]})
+    zipped = client.get("/metrics", headers={"Accept-Encoding": "gzip"})
+    plain = client.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert zipped.headers["content-encoding"] == "gzip"
+    assert "content-encoding" not in plain.headers
+    assert zipped.text == plain.text  # httpx decodes what it asked for
+    assert 'gpufleet_node_drained{node="n1"} 0.0' in plain.text
