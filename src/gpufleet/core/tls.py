@@ -59,7 +59,11 @@ def split_join_token(text: str) -> tuple[str, str | None]:
 
 
 def is_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
+    return is_loopback_host(urlsplit(url).hostname or "")
+
+
+def is_loopback_host(host: str) -> bool:
+    """`localhost` or a loopback address (127.0.0.0/8, ::1)."""
     if host == "localhost":
         return True
     try:

@@ -306,15 +306,6 @@ def _check_host(host: str) -> str:
     return host
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 ReceiverName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")]
 # Shown (repr, str, JSON) as `https://host/…`; `stored_receiver` keeps the whole URL.
 SecretHttpUrl = Annotated[
@@ -377,7 +368,7 @@ class EmailReceiver(_Receiver):
     def _credentials(self) -> Self:
         if (self.username is None) != (self.password is None):
             raise ValueError("username and password go together")
-        if self.username is not None and not self.starttls and not _is_loopback(self.host):
+        if self.username is not None and not self.starttls and not tls.is_loopback_host(self.host):
             raise ValueError("a password needs starttls: true, or it would cross the network in clear")
         if len(set(self.to)) != len(self.to):
             raise ValueError("a recipient is listed twice")

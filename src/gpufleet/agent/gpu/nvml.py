@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from gpufleet.agent.gpu.nvml_api import is_gpu_lost
+from gpufleet.agent.gpu.nvml_api import NvmlLibrary, NvmlUnavailable, is_gpu_lost
 from gpufleet.agent.gpu.ports import GpuReadError, as_text, bytes_to_mib, normalise_pci_bus_id
 from gpufleet.protocol.inventory import GpuInfo, GpuSource, Mode
 
@@ -42,9 +42,8 @@ class NvmlReader:
 
     def __init__(self, nvml: Any | None = None, *, source: GpuSource = "nvml") -> None:
         """Keep the NVML object for later; nothing is loaded or initialised yet."""
-        self._nvml = nvml
+        self._lib = NvmlLibrary(nvml)
         self.source = source
-        self._initialised = False
 
     def read(self) -> list[GpuInfo]:
         """Return every GPU NVML sees, in NVML index order.
@@ -78,33 +77,14 @@ class NvmlReader:
 
     def close(self) -> None:
         """Shut NVML down if this reader started it; safe to call twice. A failing shutdown is only logged."""
-        if not self._initialised:
-            return
-        nvml: Any = self._nvml
-        self._initialised = False
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError as exc:
-            # At shutdown there is nothing useful left to do with the error but say it happened.
-            logger.debug("nvmlShutdown failed: %s", exc)
+        self._lib.close()
 
     def _started(self) -> Any:
         """The NVML object, imported and initialised on first use. Raises GpuReadError if it cannot be."""
-        if self._nvml is None:
-            try:
-                import pynvml
-            except ImportError as exc:
-                raise GpuReadError("NVML unavailable: nvidia-ml-py is not installed") from exc
-            self._nvml = pynvml
-        nvml = self._nvml
-        if not self._initialised:
-            try:
-                nvml.nvmlInit()
-            except nvml.NVMLError as exc:
-                # Typically "NVML Shared Library Not Found" (no driver) or "Driver Not Loaded".
-                raise GpuReadError(f"NVML unavailable: nvmlInit failed: {exc}") from exc
-            self._initialised = True
-        return nvml
+        try:
+            return self._lib.open()
+        except NvmlUnavailable as exc:
+            raise GpuReadError(str(exc)) from exc
 
     def _read_device(self, nvml: Any, index: int, handle: Any, driver: str | None, cuda: str | None) -> GpuInfo:
         """Build one GpuInfo; raises GpuReadError if a required field fails or the values are out of range."""

@@ -8,6 +8,7 @@ without importing pynvml at all. A test checks them against nvidia-ml-py.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 # Return codes (nvmlReturn_t).
@@ -95,3 +96,44 @@ def field_value(result: Any) -> float | None:
     if not 0 <= value_type < len(VALUE_MEMBERS):
         raise ValueError(f"NVML field {result.fieldId} has unknown value type {value_type}")
     return float(getattr(result.value, VALUE_MEMBERS[value_type]))
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used here: nvidia-ml-py is missing, or nvmlInit failed (no driver, driver not loaded)."""
+
+
+class NvmlLibrary:
+    """The NVML module (pynvml, or the simulator's stand-in), imported and initialised on first use and
+    shut down at most once. The inventory reader and the metrics collector each hold one."""
+
+    def __init__(self, module: Any | None = None) -> None:
+        self.module: Any = module  # None until the first use imports pynvml
+        self.initialised = False
+
+    def open(self) -> Any:
+        """The initialised NVML module. Raises NvmlUnavailable with the reason."""
+        if self.module is None:
+            try:
+                import pynvml
+            except ImportError as exc:
+                raise NvmlUnavailable("NVML unavailable: nvidia-ml-py is not installed") from exc
+            self.module = pynvml
+        if not self.initialised:
+            try:
+                self.module.nvmlInit()
+            except self.module.NVMLError as exc:
+                # Typically "NVML Shared Library Not Found" (no driver) or "Driver Not Loaded".
+                raise NvmlUnavailable(f"NVML unavailable: nvmlInit failed: {exc}") from exc
+            self.initialised = True
+        return self.module
+
+    def close(self) -> None:
+        """Shut NVML down if this object started it; safe to call twice. A failing shutdown is only logged:
+        at shutdown there is nothing useful left to do with the error."""
+        if not self.initialised:
+            return
+        self.initialised = False
+        try:
+            self.module.nvmlShutdown()
+        except self.module.NVMLError as exc:
+            logging.getLogger(__name__).debug("nvmlShutdown failed: %s", exc)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.agent.gpu import nvml_api as api
+from gpufleet.agent.gpu.nvml_api import NvmlLibrary, NvmlUnavailable
 from gpufleet.agent.gpu.ports import BYTES_PER_MIB, as_text
 from gpufleet.agent.metrics.ports import Collected, CollectorError
 from gpufleet.agent.metrics.xid import XidBook
@@ -123,10 +124,9 @@ class GpuCollector:
 
     def __init__(self, nvml: Any | None = None, *, xids: XidBook | None = None, clock: Callable[[], float] = time.time):
         """Keep what is needed; NVML is not loaded until the first round."""
-        self._nvml: Any = nvml  # None until the first use imports pynvml
+        self._lib = NvmlLibrary(nvml)
         self._xids = xids
         self._clock = clock
-        self._initialised = False
         self._gpus: list[_GpuState] = []
         self._listed = False
         self.calls = 0
@@ -188,32 +188,19 @@ class GpuCollector:
 
     def close(self) -> None:
         """Shut NVML down if this collector started it; safe to call twice."""
-        if not self._initialised:
-            return
-        self._initialised = False
-        nvml: Any = self._nvml
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError as exc:
-            log.debug("nvmlShutdown failed: %s", exc)
+        self._lib.close()
 
     # -- NVML ----------------------------------------------------------------------------------------
+    @property
+    def _nvml(self) -> Any:
+        return self._lib.module
+
     def _open(self) -> Any:
         """The NVML object, imported and initialised on first use. Raises CollectorError if it cannot be."""
-        if self._nvml is None:
-            try:
-                import pynvml
-            except ImportError as exc:
-                raise CollectorError("NVML unavailable: nvidia-ml-py is not installed") from exc
-            self._nvml = pynvml
-        nvml = self._nvml
-        if not self._initialised:
-            try:
-                nvml.nvmlInit()
-            except nvml.NVMLError as exc:
-                raise CollectorError(f"NVML unavailable: nvmlInit failed: {exc}") from exc
-            self._initialised = True
-        return nvml
+        try:
+            return self._lib.open()
+        except NvmlUnavailable as exc:
+            raise CollectorError(str(exc)) from exc
 
     def _call(self, name: str, *args: Any) -> Any:
         """Call one NVML function, counted; a GPU-lost error becomes _GpuLost."""
