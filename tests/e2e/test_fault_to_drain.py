@@ -81,7 +81,8 @@ def test_xid79_drains_alerts_and_heals_while_a_manual_drain_stays(
         node = health()["sim001"]
         assert node["health"] == "failed"
         assert "GPU 3: Xid 79 (GPU has fallen off the bus)" in node["reasons"]
-        assert node["drain_reason"].startswith("gpufleet: GPU 3: Xid 79")
+        # Named after the Xid, or after the lost GPU when the agent's sample saw the GPU gone first.
+        assert node["drain_reason"].startswith("gpufleet: GPU 3")
 
         shown = run_cli(tmp_path, "health", "sim001", server=head.url)
         assert shown.returncode == 1  # a failed node: scripts can test the exit code

@@ -224,9 +224,11 @@ def check_node_side(node: NodeSnapshot, policy: HealthPolicy) -> list[Finding]:
     return findings
 
 
+# In this order in the verdict's reasons, so the first reason (the one a drain is named after) is the
+# likeliest root cause: an Xid 79 before the lost GPU it leaves behind.
 CHECKS: dict[str, Callable[[NodeSnapshot, HealthPolicy], list[Finding]]] = {
-    "gpu_count": check_gpu_count,
     "xid": check_xid,
+    "gpu_count": check_gpu_count,
     "ecc": check_ecc,
     "thermal": check_thermal,
     "pcie": check_pcie,
