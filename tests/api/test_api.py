@@ -2,7 +2,12 @@
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
 
+from gpufleet.auth import service as auth
+from gpufleet.auth.policy import Role
+from gpufleet.core.clock import FakeClock
+from gpufleet.core.db import transaction
 from gpufleet.protocol.inventory import GpuInfo, NodeInventory
 
 
@@ -131,3 +136,18 @@ def test_duplicate_gpu_indexes_are_a_400(client: TestClient) -> None:
     response = client.put("/api/v1/agent/inventory", json=body, headers={"Authorization": f"Bearer {credential}"})
     assert response.status_code == 400
     assert "unique" in response.json()["detail"]
+
+
+def test_operators_revoke_join_tokens_but_not_api_tokens(
+    client: TestClient, sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
+    with transaction(sessions) as s:
+        operator = auth.create_api_token(s, clock, "ops", Role.OPERATOR, None)
+    as_operator = {"Authorization": f"Bearer {operator}"}
+    join = client.post("/api/v1/tokens/join", json={"expires_in_s": 60}, headers=as_operator).json()
+    assert client.delete(f"/api/v1/tokens/{join['id']}", headers=as_operator).status_code == 204
+    admin_token_id = 1
+    refused = client.delete(f"/api/v1/tokens/{admin_token_id}", headers=as_operator)
+    assert refused.status_code == 403
+    assert "operators revoke join tokens" in refused.json()["detail"]
+    assert client.get("/api/v1/nodes").status_code == 200  # the admin token still works

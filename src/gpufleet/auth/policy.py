@@ -55,7 +55,13 @@ READ_SCOPE = frozenset(p for p in Permission if p.value.endswith(":read")) | {Pe
 POLICY: dict[Role, frozenset[Permission]] = {
     Role.ADMIN: frozenset(Permission) - {Permission.AGENT_REPORT},
     Role.OPERATOR: _READ_CLUSTER
-    | {Permission.NODES_WRITE, Permission.TOKENS_READ, Permission.TOKENS_WRITE, Permission.ALERTS_WRITE},
+    | {
+        Permission.NODES_WRITE,
+        Permission.TOKENS_READ,
+        Permission.TOKENS_WRITE,
+        Permission.TOKENS_REVOKE,  # join tokens only: see the revoke route
+        Permission.ALERTS_WRITE,
+    },
     Role.MEMBER: _READ_CLUSTER,
     Role.VIEWER: _READ_CLUSTER,
     Role.NODE: frozenset({Permission.AGENT_REPORT}),

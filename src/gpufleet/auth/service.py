@@ -12,7 +12,7 @@ from gpufleet.auth.policy import Role
 from gpufleet.auth.schemas import Principal
 from gpufleet.core import secrets
 from gpufleet.core.clock import Clock, to_datetime
-from gpufleet.core.errors import InvalidInput, NotFound, Unauthorized
+from gpufleet.core.errors import Forbidden, InvalidInput, NotFound, Unauthorized
 
 # Recording last use on every request would turn reads into writes; once a minute is enough to audit.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
@@ -189,11 +189,14 @@ def end_web_session(session: Session, clock: Clock, session_secret: str) -> None
     )
 
 
-def revoke_token(session: Session, clock: Clock, token_id: int) -> ApiToken:
-    """Revoke an API or join token. Raises NotFound for an unknown id (or a node credential)."""
+def revoke_token(session: Session, clock: Clock, token_id: int, *, join_only: bool = False) -> ApiToken:
+    """Revoke an API, session or join token (only a join token with `join_only`). Raises NotFound for
+    an unknown id (or a node credential), Forbidden for another kind with `join_only`."""
     row = session.get(ApiToken, token_id)
     if row is None or row.kind is TokenKind.NODE:
         raise NotFound(f"no such token: {token_id}")
+    if join_only and row.kind is not TokenKind.JOIN:
+        raise Forbidden("only admins revoke API tokens and sessions; operators revoke join tokens")
     if row.revoked_at is None:
         row.revoked_at = to_datetime(clock.now())
     return row

@@ -82,9 +82,12 @@ def create_user_token(
 
 
 @router.delete("/{token_id}", status_code=204)
-def revoke_token(token_id: int, _: Annotated[Principal, allow(Permission.TOKENS_REVOKE)], ctx: Ctx) -> None:
+def revoke_token(token_id: int, caller: Annotated[Principal, allow(Permission.TOKENS_REVOKE)], ctx: Ctx) -> None:
+    """Operators revoke join tokens (they create them); API tokens and sessions take users:write."""
     with tx(ctx) as db:
-        auth.revoke_token(db, ctx.clock, token_id)
+        auth.revoke_token(
+            db, ctx.clock, token_id, join_only=not allowed(caller.role, Permission.USERS_WRITE, caller.scope)
+        )
 
 
 @router.get("")
