@@ -162,14 +162,28 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.1) -> float:
 
 
 def run_cli(
-    tmp: Path, *args: str, server: str | None = None, token: str | None = ADMIN
+    tmp: Path,
+    *args: str,
+    server: str | None = None,
+    token: str | None = ADMIN,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """`gpufleet ARGS` with the test's own client file; `stdin` is typed in, `env` added to the environment."""
     prefix = [*GPUFLEET]
     if server:
         prefix += ["--server", server]
     if token:
         prefix += ["--token", token]
-    return subprocess.run([*prefix, *args], env=base_env(tmp), capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [*prefix, *args],
+        input=stdin,
+        env=base_env(tmp) | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def cli_json(tmp: Path, server: str, *args: str) -> Any:

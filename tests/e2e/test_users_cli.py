@@ -1,38 +1,20 @@
 """Users and their tokens through the real CLI: roles and scopes decide, revocation is immediate."""
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ADMIN, GPUFLEET, Head, base_env, cli_json, run_cli
+from tests.e2e.conftest import Head, cli_json, run_cli
 
 pytestmark = pytest.mark.e2e
 
 
 def test_user_lifecycle_and_scoped_tokens(head: Head, tmp_path: Path) -> None:
-    created = subprocess.run(
-        [
-            *GPUFLEET,
-            "--server",
-            head.url,
-            "--token",
-            "gfa_e2e-admin-token-0123456789",
-            "user",
-            "create",
-            "alice",
-            "--role",
-            "operator",
-            "--password-stdin",
-            "-o",
-            "json",
-        ],
-        input="a long enough passphrase\n",
-        env=base_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    created = run_cli(
+        tmp_path,
+        *("user", "create", "alice", "--role", "operator", "--password-stdin", "-o", "json"),
+        server=head.url,
+        stdin="a long enough passphrase\n",
     )
     assert created.returncode == 0, created.stderr
     assert "passphrase" not in created.stdout
@@ -80,35 +62,17 @@ def test_project_commands(head: Head, tmp_path: Path) -> None:
 def test_login_with_a_password_saves_a_user_token_not_the_password(head: Head, tmp_path: Path) -> None:
     cli_json(tmp_path, head.url, "user", "create", "carol", "--role", "viewer", "--no-password")
     passphrase = "her long secret passphrase"
-    changed = subprocess.run(
-        [*GPUFLEET, "--server", head.url, "--token", ADMIN, "user", "update", "carol", "--password-stdin"],
-        input=passphrase + "\n",
-        env=base_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    changed = run_cli(tmp_path, "user", "update", "carol", "--password-stdin", server=head.url, stdin=passphrase + "\n")
     assert changed.returncode == 0, changed.stderr
-    env = base_env(tmp_path) | {"GPUFLEET_PASSWORD": "wrong passphrase!!"}
-    refused = subprocess.run(
-        [*GPUFLEET, "login", "--server", head.url, "--user", "carol"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    wrong = {"GPUFLEET_PASSWORD": "wrong passphrase!!"}
+    refused = run_cli(tmp_path, "login", "--server", head.url, "--user", "carol", token=None, env=wrong)
     assert refused.returncode == 5
     assert "unknown user name or wrong password" in refused.stderr
-    env["GPUFLEET_PASSWORD"] = passphrase
-    logged_in = subprocess.run(
-        [*GPUFLEET, "login", "--server", head.url, "--user", "carol", "--expires", "1d"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    logged_in = run_cli(
+        tmp_path,
+        *("login", "--server", head.url, "--user", "carol", "--expires", "1d"),
+        token=None,
+        env={"GPUFLEET_PASSWORD": passphrase},
     )
     assert logged_in.returncode == 0, logged_in.stderr
     assert "as user carol" in logged_in.stdout
@@ -123,39 +87,17 @@ def test_login_with_a_password_saves_a_user_token_not_the_password(head: Head, t
 
 def test_audit_names_the_user_behind_a_scripted_cli_run(head: Head, tmp_path: Path) -> None:
     """The issue's must-show: node additions and token creations, with the acting user."""
-    created = subprocess.run(
-        [
-            *GPUFLEET,
-            "--server",
-            head.url,
-            "--token",
-            ADMIN,
-            "user",
-            "create",
-            "olivia",
-            "--role",
-            "operator",
-            "--password-stdin",
-        ],
-        input="operators passphrase\n",
-        env=base_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    created = run_cli(
+        tmp_path,
+        *("user", "create", "olivia", "--role", "operator", "--password-stdin"),
+        server=head.url,
+        stdin="operators passphrase\n",
     )
     assert created.returncode == 0, created.stderr
     as_olivia = tmp_path / "olivia"
     as_olivia.mkdir()
-    env = base_env(as_olivia) | {"GPUFLEET_PASSWORD": "operators passphrase"}
-    login = subprocess.run(
-        [*GPUFLEET, "login", "--server", head.url, "--user", "olivia"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    password = {"GPUFLEET_PASSWORD": "operators passphrase"}
+    login = run_cli(as_olivia, "login", "--server", head.url, "--user", "olivia", token=None, env=password)
     assert login.returncode == 0, login.stderr
     assert run_cli(as_olivia, "node", "add", "gpu[001-004]", token=None).returncode == 0
     assert run_cli(as_olivia, "token", "create", "--uses", "4", token=None).returncode == 0
