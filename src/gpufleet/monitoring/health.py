@@ -14,6 +14,7 @@ in one query and kept for `FACTS_TTL_S`, so a manual drain or a new category is 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -52,6 +53,20 @@ class NodeFacts:
     drain_reason: str | None
     drained: bool
     read_at: float
+
+    @classmethod
+    def of(cls, node: Any, now: float) -> NodeFacts:
+        """From a Node, or a row of its columns (same attribute names)."""
+        return cls(
+            node.name,
+            node.category,
+            node.expected_gpus,
+            node.health,
+            tuple(node.health_reasons or ()),
+            node.drain_reason,
+            node.drained_at is not None,
+            now,
+        )
 
 
 @dataclass
@@ -122,16 +137,7 @@ class HealthJudge:
         found = set()
         for row in session.execute(select(*columns).where(Node.id.in_(stale))):
             found.add(row.id)
-            self.facts[row.id] = NodeFacts(
-                row.name,
-                row.category,
-                row.expected_gpus,
-                row.health,
-                tuple(row.health_reasons or ()),
-                row.drain_reason,
-                row.drained_at is not None,
-                now,
-            )
+            self.facts[row.id] = NodeFacts.of(row, now)
         for gone in set(stale) - found:  # removed meanwhile
             self.facts.pop(gone, None)
             self.tracker.forget(gone)
@@ -196,15 +202,6 @@ class HealthJudge:
             if decision.resume and (node.drain_reason or "").startswith(OWN_DRAIN_PREFIX):
                 self.workload.resume(session, node, GPUFLEET_ACTOR)
                 resumed = True
-            self.facts[node.id] = NodeFacts(
-                node.name,
-                node.category,
-                node.expected_gpus,
-                node.health,
-                verdict.reasons,
-                node.drain_reason,
-                node.drained_at is not None,
-                now,
-            )
+            self.facts[node.id] = NodeFacts.of(node, now)
             changes.append(HealthChange(node.id, node.name, before, verdict.state, verdict.reasons, drained, resumed))
         return changes

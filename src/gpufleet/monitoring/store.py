@@ -128,6 +128,12 @@ def query(
     if (until - since) / step > MAX_POINTS:
         raise ValueError(f"at most {MAX_POINTS} points: use a larger step")
     sums: dict[float, list[float]] = defaultdict(lambda: [0.0, 0.0])
+
+    def add(at: float, total: float, count: float) -> None:
+        cell = sums[since + math.floor((at - since) / step) * step]
+        cell[0] += total
+        cell[1] += count
+
     raw_from = max(since, now - retention.raw_s)
     if since < raw_from:  # the part older than the raw data: roll-ups
         rows = session.execute(
@@ -140,9 +146,7 @@ def query(
         for bucket, raw in rows:
             stats = json.loads(raw).get(entity, {}).get(metric)
             if stats is not None:
-                cell = sums[since + math.floor((bucket - since) / step) * step]
-                cell[0] += stats[2]
-                cell[1] += stats[3]
+                add(bucket, stats[2], stats[3])
     rows = session.execute(
         select(MetricSample.ts, MetricSample.values).where(
             MetricSample.node_id == node_id,
@@ -153,7 +157,5 @@ def query(
     for ts, raw in rows:
         value = json.loads(raw).get(entity, {}).get(metric)
         if value is not None:
-            cell = sums[since + math.floor((ts - since) / step) * step]
-            cell[0] += value
-            cell[1] += 1
+            add(ts, value, 1)
     return [(bucket, total / count) for bucket, (total, count) in sorted(sums.items()) if count]

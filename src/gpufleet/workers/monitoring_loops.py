@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -38,7 +38,7 @@ from gpufleet.protocol.metrics import NodeEvent, Sample
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-MAX_BUFFERED_ROWS = 2_000_000  # about a minute of 1,000 8-GPU nodes at 1 s; beyond it, drop the oldest
+MAX_BUFFERED_SAMPLES = 60_000  # a minute of 1,000 nodes at 1 s; beyond it, drop the oldest
 FULL_PASS_EVERY = 20  # health passes: with 0.1 s passes, every node is judged at least every 2 s
 
 OnAlerts = Callable[[list[Alert]], None]
@@ -55,7 +55,7 @@ class MonitoringLoops:
     metrics_flush_s: float = 1.0
     health_pass_s: float = 0.1
     rollup_every_s: float = 60.0
-    _rows: list[dict[str, Any]] = field(default_factory=list)
+    _pending: list[tuple[int, Sample]] = field(default_factory=list)  # encoded on the flush thread
     _liveness: list[Change] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _passes: int = 0
@@ -68,12 +68,12 @@ class MonitoringLoops:
 
     # -- called from the channels (event loop) and the heartbeat loops ------------------------------
     def ingest(self, node_id: int, samples: list[Sample]) -> None:
-        rows = store.sample_rows(node_id, samples)
+        # No encoding here: this runs on the event loop, which every agent channel shares.
         with self._lock:
-            self._rows.extend(rows)
-            excess = len(self._rows) - MAX_BUFFERED_ROWS
+            self._pending.extend((node_id, sample) for sample in samples)
+            excess = len(self._pending) - MAX_BUFFERED_SAMPLES
             if excess > 0:  # the database cannot keep up: keep the newest, say so
-                del self._rows[:excess]
+                del self._pending[:excess]
                 self.dropped_rows += excess
         self.tracker.add_samples(node_id, samples, self.clock.now())
 
@@ -90,7 +90,8 @@ class MonitoringLoops:
     # -- one pass of each loop (what the tests call) ------------------------------------------------
     def flush_metrics_once(self) -> int:
         with self._lock:
-            rows, self._rows = self._rows, []
+            pending, self._pending = self._pending, []
+        rows = [row for node_id, sample in pending for row in store.sample_rows(node_id, [sample])]
         if not rows:
             return 0
         try:
