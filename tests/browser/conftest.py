@@ -3,7 +3,7 @@
 Debian's /usr/bin/chromium (`bash scripts/services/chromium.sh install`, which .ci/run does) is
 launched with `executable_path`: Playwright never downloads a browser here (`playwright install`
 cannot work on a closed network). The flags keep Chromium off the network it cannot reach. One
-browser per test session; each test gets its own context (cookies) and page, and screenshots go to
+browser per test module (see `browser`); each test gets its own context (cookies) and page, and screenshots go to
 build/artifacts/screenshots. Where Chromium or the dashboard's front-end files are missing, the
 tests skip saying why (a failure in CI, GPUFLEET_REQUIRE_SERVICES=1).
 """
@@ -38,8 +38,12 @@ CHROMIUM_ARGS = [
 SCREENSHOTS = ROOT / "build" / "artifacts" / "screenshots"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """One Chromium per test module. Not per session: while Playwright's sync API is running it owns
+    the thread's asyncio event loop, so every later test that calls asyncio.run() in the same
+    (xdist worker) process would fail with "cannot be called from a running event loop"; pytest
+    tears a module-scoped fixture down as soon as the worker moves on to another module."""
     if not CHROMIUM.is_file():
         need("Chromium", f"{CHROMIUM} not installed (bash scripts/services/chromium.sh install)")
     missing = missing_vendor_files()
