@@ -6,14 +6,30 @@ STAMP  := $(VENV)/.installed-stamp
 # pytest workers: the suite is written for 2 cores; more just contend for them.
 WORKERS ?= 2
 
-.PHONY: demo test lint typecheck contracts pytest docs venv clean
+# The dashboard's front-end packages (package.json + package-lock.json, from the npm registry) are
+# copied into the Python package by `make assets`; the copies are not committed (see .gitignore).
+VENDOR       := src/gpufleet/web/static/vendor
+VENDOR_STAMP := $(VENDOR)/.stamp
 
-demo: $(STAMP)
+.PHONY: demo test lint typecheck contracts pytest docs venv assets clean
+
+demo: $(STAMP) $(VENDOR_STAMP)
 	$(BIN)/gpufleet demo
 
 test: lint typecheck contracts pytest docs
 
-venv: $(STAMP)
+venv: $(STAMP) $(VENDOR_STAMP)
+
+assets: $(VENDOR_STAMP)
+
+$(VENDOR_STAMP): package.json package-lock.json
+	npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)
+	cp node_modules/htmx.org/dist/htmx.min.js $(VENDOR)/htmx.min.js
+	cp node_modules/htmx.org/LICENSE $(VENDOR)/htmx.LICENSE
+	cp node_modules/uplot/dist/uPlot.iife.min.js node_modules/uplot/dist/uPlot.min.css $(VENDOR)/
+	cp node_modules/uplot/LICENSE $(VENDOR)/uPlot.LICENSE
+	touch $(VENDOR_STAMP)
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpufleet needs Python 3.11 or newer")'
@@ -32,11 +48,11 @@ typecheck: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(VENDOR_STAMP)
 	$(BIN)/pytest -n $(WORKERS) --durations=10
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d build/site
 
 clean:
-	rm -rf build site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build site node_modules $(VENDOR) .pytest_cache .mypy_cache .ruff_cache

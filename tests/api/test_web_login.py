@@ -36,7 +36,7 @@ def _csrf(page: str) -> str:
     return found.group(1)
 
 
-def test_login_gives_a_session_the_status_page_accepts(client: TestClient) -> None:
+def test_login_gives_a_session_the_dashboard_accepts(client: TestClient) -> None:
     _make_user(client)
     client.post("/api/v1/nodes", json={"names": ["gpu[001-002]"]})
     browser = _browser(client)

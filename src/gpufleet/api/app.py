@@ -25,10 +25,10 @@ from gpufleet.api.limits import BodySizeLimit
 from gpufleet.api.routers import (
     agent,
     audit_log,
+    dashboard,
     nodes,
     projects,
     prometheus_metrics,
-    status_page,
     tokens,
     users,
     web_login,
@@ -36,6 +36,7 @@ from gpufleet.api.routers import (
 from gpufleet.api.routers import (
     monitoring as monitoring_routes,
 )
+from gpufleet.api.templates import STATIC_DIR, StaticFiles
 from gpufleet.auth import identity
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.throttle import LoginThrottle
@@ -178,7 +179,8 @@ def create_app(
     for router in API_ROUTERS:
         api.include_router(router)
     app.include_router(api)
-    app.include_router(status_page.router)
+    app.include_router(dashboard.router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(web_login.router)
     for router in ROOT_ROUTERS:
         app.include_router(router)
