@@ -1,48 +1,156 @@
-"""The dashboard's pages and fragments over HTTP (the browser tests are in tests/browser)."""
+"""The dashboard's pages over HTTP: what they show, to whom, and how they refuse (the browser tests
+are in tests/browser)."""
+
+from __future__ import annotations
 
 import re
 
 from fastapi.testclient import TestClient
 
 from gpufleet.api.templates import missing_vendor_files, static_url
+from gpufleet.core.db import transaction
+from gpufleet.inventory.models import Node
+from gpufleet.monitoring import alerts
+from tests.api.dashboard_helpers import csrf_header, logged_in, row_names, stat, up_node, write_gpu_sample
 from tests.conftest import need
 
-PASSWORD = "correct horse battery"
 
-
-def _logged_in(client: TestClient, role: str = "viewer") -> TestClient:
-    assert client.post("/api/v1/users", json={"username": "bob", "role": role, "password": PASSWORD}).status_code == 201
-    browser = TestClient(client.app)
-    found = re.search(r'name="csrf" value="([^"]+)"', browser.get("/login").text)
-    assert found is not None
-    answer = browser.post("/login", data={"username": "bob", "password": PASSWORD, "csrf": found.group(1)})
-    assert answer.status_code == 200
-    return browser
-
-
-def test_overview_counts_nodes_and_lists_them(client: TestClient) -> None:
-    client.post("/api/v1/nodes", json={"names": ["gpu[001-003]"]})
-    page = _logged_in(client).get("/")
+def test_overview_counts_nodes_by_state_and_gpus_by_use(client: TestClient) -> None:
+    client.post("/api/v1/nodes", json={"names": ["new[1-2]"]})
+    busy = up_node(client, "busy1", gpus=4)
+    write_gpu_sample(client, busy, [90.0, 60.0, 0.0, 1.0])
+    up_node(client, "quiet1", gpus=2)  # up, but no metrics yet
+    page = logged_in(client).get("/")
     assert page.status_code == 200
     assert page.headers["cache-control"] == "no-store"
-    assert re.search(r'id="nodes-total"><span class="value">3<', page.text)
-    assert re.search(r'id="nodes-new"><span class="value new">3<', page.text)
-    assert all(f'data-node="gpu00{i}"' in page.text for i in (1, 2, 3))
-    assert 'hx-trigger="every 5s"' in page.text
-    assert 'aria-current="page">Overview' in page.text
+    html = page.text
+    assert (stat(html, "nodes-total"), stat(html, "nodes-up"), stat(html, "nodes-new")) == ("4", "2", "2")
+    assert stat(html, "gpus-total") == "6"
+    assert (stat(html, "gpus-in_use"), stat(html, "gpus-idle"), stat(html, "gpus-unavailable")) == ("2", "2", "2")
+    assert stat(html, "gpus-faulty") == "0"
+    assert all(f'data-node="{n}"' in html for n in ("new1", "new2", "busy1", "quiet1"))
+    assert 'hx-trigger="every 5s, refresh from:body"' in html
+    assert 'aria-current="page">Overview' in html
+    assert 'data-chart="/api/v1/fleet/metrics?metric=gpu_util&amp;since=1h"' in html
 
 
-def test_a_fragment_is_the_live_part_alone(client: TestClient) -> None:
-    browser = _logged_in(client)
-    fragment = browser.get("/fragments/overview", headers={"HX-Request": "true"})
+def test_a_gpu_a_node_lost_or_a_verdict_names_is_faulty(client: TestClient) -> None:
+    node_id = up_node(client, "sick1", gpus=4)
+    write_gpu_sample(client, node_id, [0.0, 0.0, 0.0])  # GPU 3 stopped reporting
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    with transaction(ctx.sessions) as session:
+        node = session.get(Node, node_id)
+        assert node is not None
+        node.gpus.pop()  # the inventory lost it too; expected_gpus still says 4
+        node.health, node.health_reasons = "failed", ["GPU 1: Xid 79 (GPU has fallen off the bus)"]
+    html = logged_in(client).get("/").text
+    assert stat(html, "gpus-faulty") == "2"
+    assert stat(html, "gpus-idle") == "2"
+    heat = logged_in(client, username="carol").get("/gpus?status=faulty").text
+    assert re.findall(r'data-gpu="(\d)"', heat) == ["1", "3"]
+    assert "Xid 79" in heat
+    assert "missing from the inventory" in heat
+
+
+def test_the_live_part_alone_answers_htmx(client: TestClient) -> None:
+    browser = logged_in(client)
+    fragment = browser.get("/", headers={"HX-Request": "true"})
     assert fragment.status_code == 200
     assert fragment.text.lstrip().startswith('<section id="live"')
     assert "<html" not in fragment.text
-    assert browser.get("/fragments/nope").status_code == 404
+    assert fragment.headers["vary"] == "HX-Request"
+    page = browser.get("/")
+    assert page.text.lstrip().startswith("<!doctype html>")
 
 
-def test_pages_show_the_session_csrf_token_in_a_meta_and_the_logout_form(client: TestClient) -> None:
-    page = _logged_in(client).get("/nodes").text
+def test_nodes_filter_by_hostlist_state_health_and_model_and_sort(client: TestClient) -> None:
+    client.post("/api/v1/nodes", json={"names": ["gpu[001-004]", "cpu01"]})
+    for name, model in (("gpu101", "NVIDIA A100-SXM4-80GB"), ("gpu102", "NVIDIA H200")):
+        up_node(client, name, model=model, category="train")
+    browser = logged_in(client)
+    assert row_names(browser.get("/nodes").text) == [
+        "cpu01",
+        "gpu001",
+        "gpu002",
+        "gpu003",
+        "gpu004",
+        "gpu101",
+        "gpu102",
+    ]
+    assert row_names(browser.get("/nodes?q=gpu[002-003,101]").text) == ["gpu002", "gpu003", "gpu101"]
+    assert row_names(browser.get("/nodes?q=cpu").text) == ["cpu01"]
+    assert row_names(browser.get("/nodes?state=up").text) == ["gpu101", "gpu102"]
+    assert row_names(browser.get("/nodes?model=NVIDIA+H200").text) == ["gpu102"]
+    assert row_names(browser.get("/nodes?category=train&sort=name&dir=desc").text) == ["gpu102", "gpu101"]
+    assert row_names(browser.get("/nodes?health=unknown&q=gpu[001-002]").text) == ["gpu001", "gpu002"]
+    shown = browser.get("/nodes?sort=state").text
+    assert row_names(shown)[-2:] == ["gpu101", "gpu102"]  # new before up
+    assert 'aria-sort="ascending"' in shown
+    assert "2 of 7 nodes" in browser.get("/nodes?state=up", headers={"HX-Request": "true"}).text
+
+
+def test_bad_filters_get_a_clear_error_not_a_traceback(client: TestClient) -> None:
+    browser = logged_in(client)
+    for url, message in (
+        ("/nodes?q=gpu[1-", "invalid hostlist expression"),
+        ("/nodes?sort=password", "cannot sort by"),
+        ("/gpus?color=rainbow", "colour by one of"),
+        ("/alerts?status=maybe", "status is firing or resolved"),
+    ):
+        answer = browser.get(url)
+        assert answer.status_code == 400, url
+        assert message in answer.text
+        assert "Traceback" not in answer.text
+
+
+def test_drain_buttons_only_for_those_who_may_and_the_api_refuses_the_others(client: TestClient) -> None:
+    up_node(client, "gpu001")
+    viewer = logged_in(client, "viewer", "vera")
+    operator = logged_in(client, "operator", "otto")
+    assert "/api/v1/nodes/gpu001/drain" not in viewer.get("/nodes").text
+    assert 'data-action="/api/v1/nodes/gpu001/drain"' in operator.get("/nodes").text
+    refused = viewer.post("/api/v1/nodes/gpu001/drain", json={"reason": "x"}, headers=csrf_header(viewer))
+    assert refused.status_code == 403
+    no_csrf = operator.post("/api/v1/nodes/gpu001/drain", json={"reason": "bad fan"})
+    assert no_csrf.status_code == 403
+    drained = operator.post("/api/v1/nodes/gpu001/drain", json={"reason": "bad fan"}, headers=csrf_header(operator))
+    assert drained.status_code == 200
+    page = operator.get("/nodes").text
+    assert 'data-action="/api/v1/nodes/gpu001/resume"' in page
+    assert "bad fan (user:otto)" in page
+    assert stat(operator.get("/").text, "nodes-drained") == "1"
+
+
+def test_alerts_page_offers_ack_and_silence_to_operators_only(client: TestClient) -> None:
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    node_id = up_node(client, "gpu001")
+    with transaction(ctx.sessions) as session:
+        alert = alerts.fire(session, ctx.clock, "NodeFailed", node_id, "gpu001", "GPU 0: Xid 79", severity="critical")
+        assert alert is not None
+        alert_id = alert.id
+    operator = logged_in(client, "operator", "otto")
+    page = operator.get("/alerts?status=firing").text
+    assert f'data-action="/api/v1/alerts/{alert_id}/ack"' in page
+    assert 'data-action="/api/v1/silences"' in page
+    assert "/ack" not in logged_in(client, "viewer", "vera").get("/alerts").text
+    assert operator.post(f"/api/v1/alerts/{alert_id}/ack", headers=csrf_header(operator)).status_code == 200
+    acked = operator.get("/alerts").text
+    assert f'data-action="/api/v1/alerts/{alert_id}/ack"' not in acked
+    assert "user:otto" in acked
+    assert "No alerts." in operator.get("/alerts?status=resolved").text
+
+
+def test_without_a_session_pages_redirect_and_htmx_is_told_to(client: TestClient) -> None:
+    anonymous = TestClient(client.app)
+    for path in ("/", "/nodes", "/gpus", "/alerts"):
+        assert anonymous.get(path, follow_redirects=False).headers["location"] == "/login"
+    fragment = anonymous.get("/nodes", headers={"HX-Request": "true"})
+    assert fragment.status_code == 401
+    assert fragment.headers["hx-redirect"] == "/login"
+
+
+def test_pages_carry_the_session_csrf_token_and_the_logout_form(client: TestClient) -> None:
+    page = logged_in(client).get("/nodes").text
     meta = re.search(r'<meta name="csrf-token" content="([^"]+)">', page)
     form = re.search(r'name="csrf" value="([^"]+)"', page)
     assert meta is not None
@@ -50,19 +158,11 @@ def test_pages_show_the_session_csrf_token_in_a_meta_and_the_logout_form(client:
     assert meta.group(1) == form.group(1)
 
 
-def test_without_a_session_pages_redirect_and_fragments_tell_htmx_to(client: TestClient) -> None:
-    anonymous = TestClient(client.app)
-    for path in ("/", "/nodes", "/alerts"):
-        assert anonymous.get(path, follow_redirects=False).headers["location"] == "/login"
-    fragment = anonymous.get("/fragments/overview")
-    assert fragment.status_code == 401
-    assert fragment.headers["hx-redirect"] == "/login"
-
-
-def test_the_alerts_page_lists_alerts(client: TestClient) -> None:
-    page = _logged_in(client).get("/alerts")
-    assert page.status_code == 200
-    assert "No alerts." in page.text
+def test_fleet_metrics_refuse_an_unknown_series(client: TestClient) -> None:
+    assert client.get("/api/v1/fleet/metrics?metric=gpu_util").json()["t"] == []
+    answer = client.get("/api/v1/fleet/metrics?metric=password")
+    assert answer.status_code == 400
+    assert "no fleet series" in answer.json()["detail"]
 
 
 def test_static_files_are_versioned_by_content_and_cached_for_long(client: TestClient) -> None:
@@ -72,7 +172,7 @@ def test_static_files_are_versioned_by_content_and_cached_for_long(client: TestC
     assert answer.status_code == 200
     assert "immutable" in answer.headers["cache-control"]
     assert "immutable" not in client.get("/static/app.css").headers.get("cache-control", "")
-    assert client.get("/static/../routers/dashboard.py").status_code == 404
+    assert client.get("/static/../dashboard/pages.py").status_code == 404
 
 
 def test_the_front_end_packages_are_in_the_package(client: TestClient) -> None:

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet import __version__
-from gpufleet.api import errors
+from gpufleet.api import dashboard, errors
 from gpufleet.api.audit import AuditMiddleware
 from gpufleet.api.context import HeadContext
 from gpufleet.api.deps import allow
@@ -25,7 +25,6 @@ from gpufleet.api.limits import BodySizeLimit
 from gpufleet.api.routers import (
     agent,
     audit_log,
-    dashboard,
     nodes,
     projects,
     prometheus_metrics,

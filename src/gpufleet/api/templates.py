@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import hashlib
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
 from fastapi.staticfiles import StaticFiles as _StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -40,8 +42,14 @@ def missing_vendor_files() -> list[str]:
     return [name for name in VENDOR_FILES if not (STATIC_DIR / name).is_file()]
 
 
+def urlencode_with(query: dict[str, str], **changes: Any) -> str:
+    """`query` as a query string with some parameters changed (a sortable column's link)."""
+    return urlencode({**query, **{k: str(v) for k, v in changes.items()}})
+
+
 TEMPLATES = Jinja2Templates(directory=str(WEB / "templates"))
 TEMPLATES.env.globals["static_url"] = static_url
+TEMPLATES.env.filters["urlencode_with"] = urlencode_with
 
 
 class StaticFiles(_StaticFiles):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Integer, String, select
+from sqlalchemy import Integer, String, func, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from gpufleet.core.clock import Clock, to_datetime
@@ -45,12 +45,32 @@ def record(
 
 
 def list_records(
-    session: Session, *, since: datetime | None = None, actor: str | None = None, limit: int = 1000
+    session: Session,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    actor: str | None = None,
+    action: str | None = None,
+    results: tuple[int, int] | None = None,
+    offset: int = 0,
+    limit: int = 1000,
 ) -> list[AuditRecord]:
-    """Newest first."""
-    query = select(AuditRecord).order_by(AuditRecord.at.desc(), AuditRecord.id.desc()).limit(min(limit, MAX_LISTED))
+    """Newest first: records in [since, until], by exactly `actor`, whose action contains `action`
+    (any case), whose result (HTTP status) is within `results`, after skipping `offset` of them."""
+    query = (
+        select(AuditRecord)
+        .order_by(AuditRecord.at.desc(), AuditRecord.id.desc())
+        .offset(offset)
+        .limit(min(limit, MAX_LISTED))
+    )
     if since is not None:
         query = query.where(AuditRecord.at >= since)
+    if until is not None:
+        query = query.where(AuditRecord.at <= until)
     if actor is not None:
         query = query.where(AuditRecord.actor == actor)
+    if action:
+        query = query.where(func.lower(AuditRecord.action).contains(action.lower(), autoescape=True))
+    if results is not None:
+        query = query.where(AuditRecord.result.between(*results))
     return list(session.scalars(query))

@@ -26,6 +26,9 @@ class MetricSample(Base):
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     ts: Mapped[float] = mapped_column(Float, index=True)
     values: Mapped[str] = mapped_column(Text)  # {"entity": {"metric": value, ...}, ...}
+    # The few GPU values the fleet views need (store.SUMMARY_METRICS), same shape: the GPU map reads a
+    # thousand nodes' newest samples, and decoding a thousand 12 KB `values` takes longer than a page may.
+    summary: Mapped[str | None] = mapped_column(Text, default=None)
 
 
 class MetricRollup(Base):
@@ -38,6 +41,22 @@ class MetricRollup(Base):
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     bucket: Mapped[float] = mapped_column(Float, index=True)
     values: Mapped[str] = mapped_column(Text)  # {"entity": {"metric": [min, max, sum, count], ...}, ...}
+    summary: Mapped[str | None] = mapped_column(Text, default=None)  # the GPUs' part, as in MetricSample
+
+
+class FleetRollup(Base):
+    """One bucket of the whole fleet: per GPU metric [sum, count] of every GPU's mean in the bucket.
+
+    Written with the node roll-ups, from them (`store.fleet_rollup_rows`), so the dashboard's fleet
+    charts read one small row per minute instead of a thousand node rows. sum/count is the fleet's
+    mean (utilisation, temperature); sum alone is the fleet's total (power, memory used).
+    """
+
+    __tablename__ = "fleet_rollups"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    bucket: Mapped[float] = mapped_column(Float, unique=True, index=True)
+    values: Mapped[str] = mapped_column(Text)  # {"metric": [sum, count], ...}
 
 
 class Alert(Base):

@@ -120,3 +120,17 @@ class HealthPolicyOut(BaseModel):
     policy: dict[str, Any]
     updated_by: str
     updated_at: datetime
+
+
+class ChartSeries(BaseModel):
+    label: str
+    values: list[float | None]  # one per time in Chart.t; None where nothing was measured
+
+
+class Chart(BaseModel):
+    """Series on one time axis, as a chart draws them (uPlot takes [t, values...] as is)."""
+
+    title: str
+    unit: str
+    t: list[float]  # Unix seconds, ascending
+    series: list[ChartSeries]

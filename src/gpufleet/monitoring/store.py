@@ -2,7 +2,8 @@
 
 Raw samples are kept `raw_retention_s` (a day by default), one-minute roll-ups `rollup_retention_s`
 (thirty days). A query picks raw rows where they still exist and roll-ups before that, and averages
-into `step`-wide buckets.
+into `step`-wide buckets. Fleet roll-ups (one row per minute for the whole fleet, for the dashboard's
+charts: see `monitoring.fleet`) are computed from the node roll-ups and kept as long as they are.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ from typing import Any
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
-from gpufleet.monitoring.models import MetricRollup, MetricSample
+from gpufleet.monitoring.models import FleetRollup, MetricRollup, MetricSample
 from gpufleet.protocol.metrics import Sample
 
 ROLLUP_BUCKET_S = 60.0
 MAX_POINTS = 11_000  # per query, what a graph can use; a smaller step than that is refused
+# GPU metrics the fleet roll-ups and each sample's and roll-up's `summary` keep: the gauges the
+# dashboard's fleet views and GPU charts show. Few on purpose: reading a thousand nodes' newest samples
+# or a day of a node's roll-ups is mostly decoding JSON, and a summary is a twentieth of a full row.
+SUMMARY_METRICS = frozenset({"gpu_util", "power_w", "gpu_temp_c", "fb_used_mib", "fb_free_mib"})
 
 
 @dataclass(frozen=True)
@@ -29,15 +34,27 @@ class Retention:
     rollup_s: float = 30 * 86_400.0
 
 
+def _summary(entities: dict[str, dict[str, Any]]) -> str:
+    """The GPUs' SUMMARY_METRICS of a sample's or roll-up's entities, as the `summary` column keeps them."""
+    gpus = {
+        entity: {m: v for m, v in values.items() if m in SUMMARY_METRICS}
+        for entity, values in entities.items()
+        if entity.startswith("gpu:")
+    }
+    return json.dumps(gpus, separators=(",", ":"))
+
+
 def sample_rows(node_id: int, samples: list[Sample]) -> list[dict[str, Any]]:
-    """Rows for `write_rows`: one per sample, every entity's values in one JSON object."""
+    """Rows for `write_rows`: one per sample, every entity's values in one JSON object, and the
+    GPUs' `SUMMARY_METRICS` again in a small one (the dashboard's fleet and GPU views read only that)."""
     return [
         {
             "node_id": node_id,
             "ts": s.ts,
-            "values": json.dumps({e.entity: e.values for e in s.entities}, separators=(",", ":")),
+            "values": json.dumps(entities, separators=(",", ":")),
+            "summary": _summary(entities),
         }
-        for s in samples
+        for s, entities in ((s, {e.entity: e.values for e in s.entities}) for s in samples)
     ]
 
 
@@ -83,7 +100,12 @@ def rollup_rows(session: Session, until: float, bucket_s: float = ROLLUP_BUCKET_
                     cell[2] += value
                     cell[3] += 1
     return [
-        {"node_id": n, "bucket": b, "values": json.dumps(entities, separators=(",", ":"))}
+        {
+            "node_id": n,
+            "bucket": b,
+            "values": json.dumps(entities, separators=(",", ":")),
+            "summary": _summary(entities),
+        }
         for (n, b), entities in acc.items()
     ]
 
@@ -99,16 +121,77 @@ def write_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
         session.execute(insert(MetricRollup), rows)
 
 
+def fleet_rollup_rows(node_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fleet roll-up rows (write them with `write_fleet_rollups`) from `rollup_rows`' node rows; reads nothing.
+
+    Per bucket and metric of `SUMMARY_METRICS`: [sum, count] of the means of every GPU that reported it
+    in the bucket. Each GPU counts once, however many samples it sent, so sum/count is the fleet's mean
+    (utilisation, temperature) and sum its total (power, memory used). A non-finite mean is left out:
+    one GPU reporting NaN must not blank the whole fleet's minute. Sums are stored to three decimals,
+    counts as integers: shorter rows decode faster, and a chart needs no more.
+    """
+    acc: dict[float, dict[str, list[float]]] = defaultdict(dict)
+    for row in node_rows:
+        fleet = acc[row["bucket"]]
+        for entity, stats in json.loads(row["values"]).items():
+            if not entity.startswith("gpu:"):
+                continue
+            for metric, cell in stats.items():
+                if metric not in SUMMARY_METRICS or not cell[3]:
+                    continue
+                mean = cell[2] / cell[3]
+                if not math.isfinite(mean):
+                    continue
+                sums = fleet.get(metric)
+                if sums is None:
+                    fleet[metric] = [mean, 1.0]
+                else:
+                    sums[0] += mean
+                    sums[1] += 1
+    return [
+        {
+            "bucket": bucket,
+            "values": json.dumps(
+                {metric: [round(total, 3), int(count)] for metric, (total, count) in metrics.items()},
+                separators=(",", ":"),
+            ),
+        }
+        for bucket, metrics in sorted(acc.items())
+        if metrics
+    ]
+
+
+def write_fleet_rollups(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Insert fleet roll-ups, skipping buckets already written (by another leader, or an earlier pass).
+
+    `bucket` is unique besides: two leaders writing the same minute at once make one of them fail and
+    roll back its whole pass (node roll-ups included), which the next pass repeats.
+    """
+    if not rows:
+        return
+    buckets = [r["bucket"] for r in rows]
+    present = set(
+        session.scalars(
+            select(FleetRollup.bucket).where(FleetRollup.bucket >= min(buckets), FleetRollup.bucket <= max(buckets))
+        )
+    )
+    rows = [r for r in rows if r["bucket"] not in present]
+    if rows:
+        session.execute(insert(FleetRollup), rows)
+
+
 def rollup(session: Session, until: float, bucket_s: float = ROLLUP_BUCKET_S) -> int:
-    """`rollup_rows` and `write_rollups` in one session (tests; small data). Returns rows written."""
+    """`rollup_rows`, `write_rollups` and the fleet's in one session (tests; small data). Returns node rows written."""
     rows = rollup_rows(session, until, bucket_s)
     write_rollups(session, rows)
+    write_fleet_rollups(session, fleet_rollup_rows(rows))
     return len(rows)
 
 
 def prune(session: Session, now: float, retention: Retention) -> None:
     session.execute(delete(MetricSample).where(MetricSample.ts < now - retention.raw_s))
     session.execute(delete(MetricRollup).where(MetricRollup.bucket < now - retention.rollup_s))
+    session.execute(delete(FleetRollup).where(FleetRollup.bucket < now - retention.rollup_s))
 
 
 def query(

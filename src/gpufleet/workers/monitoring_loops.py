@@ -187,8 +187,10 @@ class MonitoringLoops:
         # Aggregating a minute of a thousand nodes takes seconds: do it reading, then write briefly.
         with transaction(self.sessions, readonly=True) as session:
             rows = store.rollup_rows(session, now)
+        fleet = store.fleet_rollup_rows(rows)  # decoding a thousand rows: outside the write lock too
         with transaction(self.sessions) as session:
             store.write_rollups(session, rows)
+            store.write_fleet_rollups(session, fleet)
             store.prune(session, now, self.retention)
         return len(rows)
 

@@ -32,8 +32,12 @@ def list_audit(
     _: Annotated[Principal, allow(Permission.AUDIT_READ)],
     ctx: Ctx,
     since: Annotated[datetime | None, Query(description="only records at or after this time (ISO 8601)")] = None,
+    until: Annotated[datetime | None, Query(description="only records at or before this time (ISO 8601)")] = None,
     actor: Annotated[str | None, Query(max_length=160)] = None,
+    action: Annotated[str | None, Query(max_length=128, description="only actions containing this (any case)")] = None,
+    offset: Annotated[int, Query(ge=0, le=10_000_000, description="skip this many matching records")] = 0,
     limit: Annotated[int, Query(ge=1, le=audit.MAX_LISTED)] = 1000,
 ) -> list[AuditOut]:
     with tx(ctx, readonly=True) as db:
-        return [AuditOut.model_validate(r) for r in audit.list_records(db, since=since, actor=actor, limit=limit)]
+        found = audit.list_records(db, since=since, until=until, actor=actor, action=action, offset=offset, limit=limit)
+        return [AuditOut.model_validate(r) for r in found]

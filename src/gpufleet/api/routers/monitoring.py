@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
@@ -16,13 +18,15 @@ from gpufleet.core.errors import InvalidInput, Unavailable
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
 from gpufleet.jobs import service as jobs
-from gpufleet.monitoring import alerts, receivers, rules, store
+from gpufleet.monitoring import alerts, fleet, node_series, receivers, rules, store
 from gpufleet.monitoring.checks import HealthPolicy
 from gpufleet.monitoring.models import HealthPolicyRow
 from gpufleet.monitoring.schemas import (
     AlertOut,
     AlertRuleIn,
     AlertRuleOut,
+    Chart,
+    ChartSeries,
     DrainRequest,
     FaultOutcome,
     FaultRequest,
@@ -81,6 +85,100 @@ def node_metrics(
         metric=metric,
         step_s=step_s,
         points=[MetricPoint(ts=t, value=v) for t, v in points],
+    )
+
+
+FLEET_CHARTS = {
+    "gpu_util": ("Fleet GPU utilization", "%"),
+    "power_w": ("Fleet GPU power", "W"),
+    "gpu_temp_c": ("Fleet GPU temperature", "C"),
+}
+
+
+@router.get("/fleet/metrics")
+def fleet_metrics(
+    _: Annotated[Principal, allow(Permission.NODES_READ)],
+    ctx: Ctx,
+    metric: Annotated[str, Query(description=", ".join(FLEET_CHARTS))] = "gpu_util",
+    since: Annotated[str, Query(description="how far back, e.g. 1h")] = "1h",
+    step: Annotated[str | None, Query(description="bucket width; default: about 120 points, 1m at least")] = None,
+) -> Chart:
+    """The whole fleet over time, from the one-minute fleet roll-ups: mean GPU utilization and
+    temperature, total GPU power."""
+    if metric not in FLEET_CHARTS:
+        raise InvalidInput(f"no fleet series {metric!r}: one of {', '.join(FLEET_CHARTS)}")
+    now = ctx.clock.now()
+    span = parse_duration(since)
+    step_s = float(parse_duration(step)) if step else max(span / 120, store.ROLLUP_BUCKET_S)
+    with tx(ctx, readonly=True) as db:
+        try:
+            points = fleet.fleet_series(db, now - span, now, step_s).get(metric, [])
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+    title, unit = FLEET_CHARTS[metric]
+    return Chart(
+        title=title,
+        unit=unit,
+        t=[t for t, _ in points],
+        series=[ChartSeries(label=title, values=[v for _, v in points])],
+    )
+
+
+# The per-GPU charts: metric, title, unit. fb_used_pct is computed (monitoring.node_series.DERIVED).
+GPU_CHARTS = {
+    "gpu_util": ("GPU utilization", "%"),
+    "fb_used_pct": ("GPU memory used", "%"),
+    "gpu_temp_c": ("GPU temperature", "C"),
+    "power_w": ("GPU power", "W"),
+}
+CHART_POINTS = 120  # about how many points a chart gets by default
+_GPU_ENTITY = re.compile(r"^gpu:(\d+)$")
+
+
+@router.get("/nodes/{name}/gpu-charts")
+def gpu_charts(
+    name: str,
+    _: Annotated[Principal, allow(Permission.NODES_READ)],
+    ctx: Ctx,
+    metric: Annotated[str, Query(max_length=64, description=", ".join(GPU_CHARTS))] = "gpu_util",
+    since: Annotated[str, Query(max_length=16, description="how far back, e.g. 1h or 1d")] = "1h",
+    step: Annotated[
+        str | None, Query(max_length=16, description="bucket width, e.g. 1m; default: about 120 points")
+    ] = None,
+) -> Chart:
+    """One series per GPU of the node ("GPU 0", ...): the mean of `metric` in each step. Every step of
+    the range has a time, with null where the GPU reported nothing, so a chart shows gaps as gaps."""
+    if metric not in GPU_CHARTS:
+        raise InvalidInput(f"no GPU chart {metric!r}: one of {', '.join(GPU_CHARTS)}")
+    retention = ctx.monitoring.retention
+    span = parse_duration(since)
+    if span > retention.rollup_s:
+        raise InvalidInput(f"metrics are kept {retention.rollup_s / 86_400:g} days: ask for less")
+    step_s = float(parse_duration(step)) if step else max(span / CHART_POINTS, ctx.settings.metrics_interval_s)
+    now = ctx.clock.now()
+    start = math.floor((now - span) / step_s) * step_s  # steps on multiples of step_s: stable across fetches
+    with tx(ctx, readonly=True) as db:
+        node = inventory.get_node(db, name)
+        try:
+            found = node_series.gpu_series(db, node.id, metric, start, now, step_s, retention, now)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        indexes = {g.index for g in node.gpus} | set(range(node.expected_gpus))
+    by_index: dict[int, dict[float, float]] = {}
+    for entity, points in found.items():
+        matched = _GPU_ENTITY.match(entity)
+        if matched is not None:
+            by_index[int(matched.group(1))] = dict(points)
+    times = [start + i * step_s for i in range(math.ceil((now - start) / step_s))]
+    title, unit = GPU_CHARTS[metric]
+    return Chart(
+        title=title,
+        unit=unit,
+        t=times,
+        series=[
+            ChartSeries(label=f"GPU {i}", values=[by_index.get(i, {}).get(t) for t in times])
+            for i in sorted(indexes | set(by_index))
+        ],
     )
 
 

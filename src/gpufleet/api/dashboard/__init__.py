@@ -1,0 +1,15 @@
+"""The web dashboard: server-rendered pages (Jinja2 templates in gpufleet/web) kept live by htmx.
+
+`pages` holds what every page shares (the session check, the layout, the live fragment); each
+other module is one page and its data. `router` serves them all.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gpufleet.api.dashboard import admin, alerts, gpu_map, node_detail, nodes, overview
+
+router = APIRouter(include_in_schema=False)
+for _page in (overview, nodes, node_detail, gpu_map, alerts, admin):
+    router.include_router(_page.router)

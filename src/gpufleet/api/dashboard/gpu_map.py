@@ -1,0 +1,62 @@
+"""The GPU map: one cell per GPU of the fleet, coloured by utilization or temperature; a node's cells
+link to the node. Faulty GPUs are red and unavailable ones hatched whatever the colouring, so a
+fallen GPU stands out among thousands."""
+
+from __future__ import annotations
+
+from itertools import groupby
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+
+from gpufleet.api.dashboard import gpu_usage
+from gpufleet.api.dashboard.gpu_usage import GpuCell
+from gpufleet.api.dashboard.pages import View, render
+from gpufleet.api.deps import Ctx
+from gpufleet.auth.policy import Permission
+from gpufleet.core.errors import InvalidInput
+
+router = APIRouter(include_in_schema=False)
+# colour -> (the cell's value, the value drawn palest, the value drawn darkest, unit)
+COLOURS: dict[str, tuple[str, float, float, str]] = {
+    "util": ("util", 0.0, 100.0, "%"),
+    "temp": ("temp_c", 25.0, 90.0, "C"),
+    "power": ("power_w", 50.0, 700.0, "W"),
+}
+
+
+def shade(cell: GpuCell, colour: str) -> int | None:
+    """0-100: how dark the cell is drawn; None for no value."""
+    attribute, low, high, _unit = COLOURS[colour]
+    value: float | None = getattr(cell, attribute)
+    if value is None:
+        return None
+    return round(max(0.0, min(1.0, (value - low) / (high - low))) * 100)
+
+
+def gpu_map(view: View) -> dict[str, Any]:
+    colour = view.query.get("color", "util")
+    if colour not in COLOURS:
+        raise InvalidInput(f"colour by one of {', '.join(COLOURS)}, not {colour!r}")
+    status = view.query.get("status")
+    if status is not None and status not in gpu_usage.STATUSES:
+        raise InvalidInput(f"status is one of {', '.join(gpu_usage.STATUSES)}")
+    fleet = gpu_usage.snapshot(view.session, view.ctx)
+    cells = [c for c in fleet.cells if status is None or c.status == status]
+    rows = [(node, [(c, shade(c, colour)) for c in group]) for node, group in groupby(cells, key=lambda c: c.node)]
+    _attribute, low, high, unit = COLOURS[colour]
+    return {
+        "rows": rows,
+        "counts": fleet.counts,
+        "colour": colour,
+        "status": status or "",
+        "scale": (low, high, unit),
+        "colours": list(COLOURS),
+        "statuses": gpu_usage.STATUSES,
+    }
+
+
+@router.get("/gpus", response_class=HTMLResponse)
+def gpu_map_page(request: Request, ctx: Ctx) -> Response:
+    return render(request, ctx, "gpus", Permission.NODES_READ, gpu_map)
