@@ -6,8 +6,8 @@ request htmx makes (`HX-Request`) gets the fragment alone, so a page stays live 
 and a filter form can swap the fragment with new query parameters and push them into the address
 bar. The live element has `hx-sync="this:replace"`: the refresh an action triggers replaces a poll
 still in flight (htmx would drop it by default, and the poll's older answer would show the state from
-before the action for another 5 s). Pages need a logged-in browser (api.routers.web_login); without one a page redirects to the
-login form and a fragment tells htmx to (`HX-Redirect`).
+before the action for another 5 s). Pages need a logged-in browser (api.routers.web_login); without
+one a page redirects to the login form and a fragment tells htmx to (`HX-Redirect`).
 
 Nothing here changes anything: buttons on the pages call the REST API (static/app.js adds the
 session's CSRF token), so a change made from the dashboard is checked, refused and audited exactly
