@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from fastapi.testclient import TestClient
 
+from gpufleet.api.dashboard import nodes as dashboard_nodes
 from gpufleet.api.templates import missing_vendor_files, static_url
 from gpufleet.core.db import transaction
 from gpufleet.inventory.models import Node
@@ -180,3 +182,20 @@ def test_the_front_end_packages_are_in_the_package(client: TestClient) -> None:
         need("dashboard front-end files", f"{missing_vendor_files()} missing (make assets copies them from npm)")
     for name in ("vendor/htmx.min.js", "vendor/uPlot.iife.min.js"):
         assert client.get(static_url(name)).status_code == 200
+
+
+def test_the_node_table_pages_through_what_matched(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dashboard_nodes, "PAGE_SIZE", 2)
+    client.post("/api/v1/nodes", json={"names": ["gpu[001-005]"]})
+    browser = logged_in(client)
+    first = browser.get("/nodes?sort=name&dir=desc").text
+    assert row_names(first) == ["gpu005", "gpu004"]
+    assert "1–2 of 5 of 5 nodes" in first
+    assert 'rel="next"' in first
+    assert 'rel="prev"' not in first
+    last = browser.get("/nodes?sort=name&dir=desc&page=3").text
+    assert row_names(last) == ["gpu001"]
+    assert 'rel="prev"' in last
+    assert 'rel="next"' not in last
+    assert row_names(browser.get("/nodes?q=gpu[002-003]").text) == ["gpu002", "gpu003"]
+    assert browser.get("/nodes?page=4").status_code == 400

@@ -7,13 +7,14 @@ GPUs) and the newest metric sample of each node in two queries, whatever the siz
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
 from gpufleet.api.context import HeadContext
 from gpufleet.inventory import service as inventory
-from gpufleet.inventory.models import Node
+from gpufleet.inventory.service import NodeSummary
 from gpufleet.inventory.states import NodeState
 from gpufleet.monitoring import fleet
 
@@ -41,7 +42,7 @@ class GpuCell:
 
 @dataclass
 class FleetGpus:
-    nodes: list[Node]
+    nodes: list[NodeSummary]
     cells: list[GpuCell] = field(default_factory=list)
 
     @property
@@ -52,17 +53,19 @@ class FleetGpus:
         return counts
 
 
-def gpu_reasons(node: Node) -> dict[int, str]:
-    """The first health reason that names each GPU ("GPU 3: Xid 79 ..." names GPU 3)."""
+def gpu_reasons(reasons: Iterable[str] | None) -> dict[int, str]:
+    """The first of a node's health reasons that names each GPU ("GPU 3: Xid 79 ..." names GPU 3)."""
     named: dict[int, str] = {}
-    for reason in node.health_reasons or ():
+    for reason in reasons or ():
         found = _GPU_REASON.match(reason)
         if found is not None:
             named.setdefault(int(found.group(1)), reason)
     return named
 
 
-def _status(node: Node, index: int, inventoried: bool, reason: str | None, values: dict[str, float]) -> tuple[str, str]:
+def _status(
+    node: NodeSummary, index: int, inventoried: bool, reason: str | None, values: dict[str, float]
+) -> tuple[str, str]:
     """(status, why) of one GPU: the node's state first, then what the inventory and the verdict say,
     then what its latest sample says."""
     if node.state is not NodeState.UP:
@@ -78,9 +81,9 @@ def _status(node: Node, index: int, inventoried: bool, reason: str | None, value
     return "idle", ""
 
 
-def _cells(node: Node, latest: dict[str, dict[str, float]]) -> list[GpuCell]:
-    named = gpu_reasons(node) if node.health in ("failed", "degraded") else {}
-    models = {g.index: g.model for g in node.gpus}
+def _cells(node: NodeSummary, latest: dict[str, dict[str, float]]) -> list[GpuCell]:
+    named = gpu_reasons(node.health_reasons) if node.health in ("failed", "degraded") else {}
+    models = node.gpu_models
     indexes = sorted(set(models) | set(range(node.expected_gpus)))
     cells = []
     for index in indexes:
@@ -105,9 +108,9 @@ def _cells(node: Node, latest: dict[str, dict[str, float]]) -> list[GpuCell]:
     return cells
 
 
-def snapshot(session: Session, ctx: HeadContext, nodes: list[Node] | None = None) -> FleetGpus:
-    """All nodes (or `nodes`) and their GPUs as of their newest metric sample."""
-    nodes = inventory.list_nodes(session) if nodes is None else nodes
+def snapshot(session: Session, ctx: HeadContext) -> FleetGpus:
+    """All nodes and their GPUs as of their newest metric sample."""
+    nodes = inventory.node_summaries(session)
     since = ctx.clock.now() - FRESH_INTERVALS * ctx.settings.metrics_interval_s
     latest = fleet.latest_gpu_values(session, since)
     result = FleetGpus(nodes)

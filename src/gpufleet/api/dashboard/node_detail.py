@@ -80,7 +80,7 @@ def _ago(then: datetime | None, now: float) -> str:
 def gpu_rows(node: Node, latest: dict[str, dict[str, Any]]) -> list[GpuRow]:
     """The inventory's GPUs and the missing ones (`expected_gpus` says more than the inventory has),
     each with its health and its values in the sample `latest`."""
-    named = gpu_reasons(node) if node.health in ("failed", "degraded") else {}
+    named = gpu_reasons(node.health_reasons) if node.health in ("failed", "degraded") else {}
     by_index = {g.index: g for g in node.gpus}
     rows = []
     for index in sorted(set(by_index) | set(range(node.expected_gpus))):
