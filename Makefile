@@ -11,7 +11,7 @@ WORKERS ?= 2
 VENDOR       := src/gpufleet/web/static/vendor
 VENDOR_STAMP := $(VENDOR)/.stamp
 
-.PHONY: demo test lint typecheck contracts pytest docs venv assets clean
+.PHONY: demo test lint typecheck contracts pytest docs venv assets clean screenshots
 
 demo: $(STAMP) $(VENDOR_STAMP)
 	$(BIN)/gpufleet demo
@@ -39,8 +39,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -56,3 +56,7 @@ docs: $(STAMP)
 
 clean:
 	rm -rf build site node_modules $(VENDOR) .pytest_cache .mypy_cache .ruff_cache
+
+# Regenerates docs/images/*.png: a real head and 1,000 simulated nodes in Chromium (about 7 minutes).
+screenshots: $(STAMP) $(VENDOR_STAMP)
+	$(BIN)/python scripts/dashboard_screenshots.py

@@ -11,7 +11,9 @@ from fastapi.testclient import TestClient
 from gpufleet.api.dashboard import nodes as dashboard_nodes
 from gpufleet.api.templates import missing_vendor_files, static_url
 from gpufleet.core.db import transaction
+from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
+from gpufleet.inventory.states import NodeState
 from gpufleet.monitoring import alerts
 from tests.api.dashboard_helpers import csrf_header, logged_in, row_names, stat, up_node, write_gpu_sample
 from tests.conftest import need
@@ -52,6 +54,13 @@ def test_a_gpu_a_node_lost_or_a_verdict_names_is_faulty(client: TestClient) -> N
     assert re.findall(r'data-gpu="(\d)"', heat) == ["1", "3"]
     assert "Xid 79" in heat
     assert "missing from the inventory" in heat
+    with transaction(ctx.sessions) as session:  # a reason is text a node sent: it is escaped
+        node = session.get(Node, node_id)
+        assert node is not None
+        node.health_reasons = ['GPU 1: <img src=x onerror="alert(1)">']
+    heat = logged_in(client, username="dave").get("/gpus?status=faulty").text
+    assert "<img src=x" not in heat
+    assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;" in heat
 
 
 def test_the_live_part_alone_answers_htmx(client: TestClient) -> None:
@@ -88,7 +97,7 @@ def test_nodes_filter_by_hostlist_state_health_and_model_and_sort(client: TestCl
     shown = browser.get("/nodes?sort=state").text
     assert row_names(shown)[-2:] == ["gpu101", "gpu102"]  # new before up
     assert 'aria-sort="ascending"' in shown
-    assert "2 of 7 nodes" in browser.get("/nodes?state=up", headers={"HX-Request": "true"}).text
+    assert "2 matching, of 7 nodes" in browser.get("/nodes?state=up", headers={"HX-Request": "true"}).text
 
 
 def test_bad_filters_get_a_clear_error_not_a_traceback(client: TestClient) -> None:
@@ -190,7 +199,7 @@ def test_the_node_table_pages_through_what_matched(client: TestClient, monkeypat
     browser = logged_in(client)
     first = browser.get("/nodes?sort=name&dir=desc").text
     assert row_names(first) == ["gpu005", "gpu004"]
-    assert "1–2 of 5 of 5 nodes" in first
+    assert "1–2 of 5 nodes" in first
     assert 'rel="next"' in first
     assert 'rel="prev"' not in first
     last = browser.get("/nodes?sort=name&dir=desc&page=3").text
@@ -199,3 +208,19 @@ def test_the_node_table_pages_through_what_matched(client: TestClient, monkeypat
     assert 'rel="next"' not in last
     assert row_names(browser.get("/nodes?q=gpu[002-003]").text) == ["gpu002", "gpu003"]
     assert browser.get("/nodes?page=4").status_code == 400
+
+
+def test_a_node_that_is_down_has_no_current_health(client: TestClient) -> None:
+    """A crashed node's last verdict (healthy) says nothing about it now: it is not counted as healthy."""
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    node_id = up_node(client, "gone1")
+    up_node(client, "fine1")
+    with transaction(ctx.sessions) as session:
+        for node in session.query(Node):
+            node.health = "healthy"
+        inventory.transition(session, ctx.clock, node_id, NodeState.UP, NodeState.DOWN, "no heartbeat")
+    browser = logged_in(client)
+    html = browser.get("/").text
+    assert (stat(html, "health-healthy"), stat(html, "health-unknown")) == ("1", "1")
+    assert row_names(browser.get("/nodes?health=healthy").text) == ["fine1"]
+    assert "last verdict before it went down: healthy" in browser.get("/nodes?health=unknown").text

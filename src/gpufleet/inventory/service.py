@@ -96,6 +96,12 @@ class NodeSummary:
     gpu_models: dict[int, str] = field(default_factory=dict)  # by GPU index, as inventoried
 
     @property
+    def current_health(self) -> str:
+        """The health verdict while the node is up; "unknown" otherwise, since a down node's last verdict
+        says nothing about it now (a crashed node must not be counted, or sorted, as healthy)."""
+        return self.health if self.state is NodeState.UP else "unknown"
+
+    @property
     def gpu_count(self) -> int:
         return len(self.gpu_models)
 

@@ -47,10 +47,10 @@ class FleetGpus:
 
     @property
     def counts(self) -> dict[str, int]:
-        counts = dict.fromkeys(STATUSES, 0)
+        counted = dict.fromkeys(STATUSES, 0)
         for cell in self.cells:
-            counts[cell.status] += 1
-        return counts
+            counted[cell.status] += 1
+        return counted
 
 
 def gpu_reasons(reasons: Iterable[str] | None) -> dict[int, str]:
@@ -81,39 +81,54 @@ def _status(
     return "idle", ""
 
 
-def _cells(node: NodeSummary, latest: dict[str, dict[str, float]]) -> list[GpuCell]:
+def _statuses(node: NodeSummary, latest: dict[str, dict[str, float]]) -> list[tuple[int, str, str]]:
+    """(index, status, why) of each GPU the node has or should have."""
     named = gpu_reasons(node.health_reasons) if node.health in ("failed", "degraded") else {}
-    models = node.gpu_models
-    indexes = sorted(set(models) | set(range(node.expected_gpus)))
-    cells = []
-    for index in indexes:
-        values = latest.get(f"gpu:{index}", {})
-        status, note = _status(node, index, index in models, named.get(index), values)
-        used, free = values.get("fb_used_mib"), values.get("fb_free_mib")
-        cells.append(
-            GpuCell(
-                node=node.name,
-                index=index,
-                status=status,
-                note=note,
-                model=models.get(index),
-                util=values.get("gpu_util"),
-                temp_c=values.get("gpu_temp_c"),
-                power_w=values.get("power_w"),
-                mem_used_pct=100 * used / (used + free)
-                if used is not None and free is not None and used + free > 0
-                else None,
-            )
-        )
-    return cells
+    indexes = sorted(set(node.gpu_models) | set(range(node.expected_gpus)))
+    return [
+        (index, *_status(node, index, index in node.gpu_models, named.get(index), latest.get(f"gpu:{index}", {})))
+        for index in indexes
+    ]
+
+
+def _cell(node: NodeSummary, index: int, status: str, note: str, values: dict[str, float]) -> GpuCell:
+    used, free = values.get("fb_used_mib"), values.get("fb_free_mib")
+    return GpuCell(
+        node=node.name,
+        index=index,
+        status=status,
+        note=note,
+        model=node.gpu_models.get(index),
+        util=values.get("gpu_util"),
+        temp_c=values.get("gpu_temp_c"),
+        power_w=values.get("power_w"),
+        mem_used_pct=100 * used / (used + free) if used is not None and free is not None and used + free > 0 else None,
+    )
+
+
+def _read(session: Session, ctx: HeadContext) -> tuple[list[NodeSummary], dict[int, dict[str, dict[str, float]]]]:
+    since = ctx.clock.now() - FRESH_INTERVALS * ctx.settings.metrics_interval_s
+    return inventory.node_summaries(session), fleet.latest_gpu_values(session, since)
 
 
 def snapshot(session: Session, ctx: HeadContext) -> FleetGpus:
-    """All nodes and their GPUs as of their newest metric sample."""
-    nodes = inventory.node_summaries(session)
-    since = ctx.clock.now() - FRESH_INTERVALS * ctx.settings.metrics_interval_s
-    latest = fleet.latest_gpu_values(session, since)
+    """All nodes and a cell for each of their GPUs, as of their newest metric sample."""
+    nodes, latest = _read(session, ctx)
     result = FleetGpus(nodes)
     for node in nodes:
-        result.cells.extend(_cells(node, latest.get(node.id, {})))
+        values = latest.get(node.id, {})
+        result.cells.extend(
+            _cell(node, index, status, note, values.get(f"gpu:{index}", {}))
+            for index, status, note in _statuses(node, values)
+        )
     return result
+
+
+def counts(session: Session, ctx: HeadContext) -> tuple[list[NodeSummary], dict[str, int]]:
+    """All nodes, and how many GPUs are in each of STATUSES (the overview, which needs no cells)."""
+    nodes, latest = _read(session, ctx)
+    counted = dict.fromkeys(STATUSES, 0)
+    for node in nodes:
+        for _index, status, _note in _statuses(node, latest.get(node.id, {})):
+            counted[status] += 1
+    return nodes, counted

@@ -26,7 +26,7 @@ STATE_ORDER = {"down": 0, "new": 1, "up": 2}
 SORT_KEYS: dict[str, Callable[[NodeSummary], Any]] = {
     "name": lambda n: n.name,
     "state": lambda n: (STATE_ORDER.get(n.state.value, 9), n.name),
-    "health": lambda n: (HEALTH_ORDER.get(n.health, 9), n.name),
+    "health": lambda n: (HEALTH_ORDER.get(n.current_health, 9), n.name),
     "gpus": lambda n: (n.gpu_count, n.name),
     "model": lambda n: (n.gpu_model or "", n.name),
     "category": lambda n: (n.category or "", n.name),
@@ -61,7 +61,7 @@ def filter_nodes(nodes: list[NodeSummary], query: dict[str, str]) -> list[NodeSu
     if "state" in query:
         nodes = [n for n in nodes if n.state.value == query["state"]]
     if "health" in query:
-        nodes = [n for n in nodes if n.health == query["health"]]
+        nodes = [n for n in nodes if n.current_health == query["health"]]
     if query.get("drained") == "yes":
         nodes = [n for n in nodes if n.drained_at is not None]
     if "category" in query:

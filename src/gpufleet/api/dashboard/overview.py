@@ -22,20 +22,19 @@ ALERTS_SHOWN = 50
 
 
 def overview(view: View) -> dict[str, Any]:
-    fleet = gpu_usage.snapshot(view.session, view.ctx)
-    nodes = fleet.nodes
+    nodes, gpus = gpu_usage.counts(view.session, view.ctx)
     may_read_alerts = view.may(Permission.ALERTS_READ)
     firing = alerts.list_alerts(view.session, status="firing", limit=ALERTS_SHOWN) if may_read_alerts else []
     states = Counter(n.state.value for n in nodes)
-    healths = Counter(n.health for n in nodes)
+    healths = Counter(n.current_health for n in nodes)
     return {
         "nodes": nodes,
         "node_count": len(nodes),
         "states": {state.value: states.get(state.value, 0) for state in NodeState},
         "healths": {health: healths.get(health, 0) for health in HEALTHS},
         "drained": sum(1 for n in nodes if n.drained_at is not None),
-        "gpus": fleet.counts,
-        "gpu_total": sum(fleet.counts.values()),
+        "gpus": gpus,
+        "gpu_total": sum(gpus.values()),
         "firing": firing,
         "may_read_alerts": may_read_alerts,
     }

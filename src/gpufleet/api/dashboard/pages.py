@@ -4,9 +4,10 @@ Every page is a template `<name>.html` that extends `layout.html` and includes i
 `fragments/<name>.html`, whose root element re-fetches the page's own URL every `REFRESH_S`. A
 request htmx makes (`HX-Request`) gets the fragment alone, so a page stays live without a reload,
 and a filter form can swap the fragment with new query parameters and push them into the address
-bar. The live element has `hx-sync="this:replace"`: the refresh an action triggers replaces a poll
-still in flight (htmx would drop it by default, and the poll's older answer would show the state from
-before the action for another 5 s). Pages need a logged-in browser (api.routers.web_login); without
+bar. The live element has `hx-sync="this:queue last"`: the refresh an action triggers waits for a
+poll still in flight and then runs (htmx would drop it by default, and the poll's older answer would
+show the state from before the action for another 5 s; replacing the poll would abort it, which htmx
+reports as an error). Pages need a logged-in browser (api.routers.web_login); without
 one a page redirects to the login form and a fragment tells htmx to (`HX-Redirect`).
 
 Nothing here changes anything: buttons on the pages call the REST API (static/app.js adds the

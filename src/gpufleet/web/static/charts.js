@@ -17,15 +17,25 @@
   const utc = (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC");
   const pad = (n) => String(n).padStart(2, "0");
   const day = (d) => `${d.getUTCFullYear()}-${pad(d.getUTCMonth() + 1)}-${pad(d.getUTCDate())}`;
-  const clock = (d) => `${pad(d.getUTCHours())}:${pad(d.getUTCMinutes())}`;
+  const clock = (d, seconds) =>
+    `${pad(d.getUTCHours())}:${pad(d.getUTCMinutes())}` + (seconds ? `:${pad(d.getUTCSeconds())}` : "");
 
-  // Time ticks as 24-hour UTC, with the date under the first tick of each day.
-  function timeTicks(_u, splits) {
+  // Time ticks as 24-hour UTC, with the date under the first tick of each day; with seconds when
+  // ticks are less than a minute apart (a young chart), so no two ticks read the same.
+  function timeTicks(_u, splits, _axis, _space, increment) {
+    const seconds = increment < 60;
     return splits.map((ts, i) => {
       const d = new Date(ts * 1e3);
       const newDay = i === 0 || day(new Date(splits[i - 1] * 1e3)) !== day(d);
-      return newDay ? `${clock(d)}\n${day(d).slice(5)}` : clock(d);
+      return newDay ? `${clock(d, seconds)}\n${day(d).slice(5)}` : clock(d, seconds);
     });
+  }
+  // Axis numbers short enough for the axis: 400000 W reads 400k.
+  function compact(value) {
+    const size = Math.abs(value);
+    if (size >= 1e6) return `${+(value / 1e6).toFixed(1)}M`;
+    if (size >= 1e4) return `${+(value / 1e3).toFixed(1)}k`;
+    return `${+value.toFixed(2)}`;
   }
   const label = (element) => element.getAttribute("aria-label") || "Chart";
 
@@ -67,7 +77,7 @@
       scales: { y: { range: unit === "%" ? [0, 100] : (_u, min, max) => [Math.min(0, min ?? 0), (max ?? 0) > 0 ? max * 1.1 : 1] } },
       axes: [
         { label: "UTC", labelSize: 18, values: timeTicks },
-        { label: unit, labelSize: 18, size: 56 },
+        { label: unit, labelSize: 18, size: 56, values: (_u, splits) => splits.map(compact) },
       ],
       series: [
         { label: "Time (UTC)", value: (_u, ts) => (ts == null ? "–" : `${day(new Date(ts * 1e3))} ${clock(new Date(ts * 1e3))}`) },
