@@ -321,7 +321,8 @@ def all_shots(node: str) -> list[Shot]:
     return [
         Shot("overview", "/", waits_for_charts=True),
         Shot("nodes", "/nodes?sort=health"),
-        Shot("gpu-map", "/gpus"),
+        # By temperature: simulated GPUs idle at 0 % until jobs run on them, but their temperatures vary.
+        Shot("gpu-map", "/gpus?color=temp"),
         Shot("node-detail", f"/nodes/{node}", waits_for_charts=True),
     ]
 
