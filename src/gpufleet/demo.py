@@ -83,7 +83,7 @@ def run_demo(cli: CliState, data_dir: Path, listen: str, nodes: int, gpus_per_no
         saved = _point_cli_at(url, token)
         typer.echo(
             f"\ngpufleet demo is running: {nodes} simulated nodes x {gpus_per_node} H200\n"
-            f"  status page : {url}/  (user admin, password {password})\n"
+            f"  dashboard   : {url}/  (user admin, password {password})\n"
             f"  admin token : {token}\n"
             f"  data dir    : {data_dir}\n"
             f"  CLI         : {saved}\n"
