@@ -116,3 +116,9 @@ def test_health_policies_per_category(client: TestClient) -> None:
     assert [p["category"] for p in client.get("/api/v1/health-policies").json()] == ["hgx"]
     assert client.delete("/api/v1/health-policies/hgx").status_code == 204
     assert client.delete("/api/v1/health-policies/hgx").status_code == 404
+
+
+def test_an_id_past_64_bits_is_refused_not_a_server_error(client: TestClient) -> None:
+    for path in ("/api/v1/alerts/167763365706924781035585536/ack", "/api/v1/tokens/167763365706924781035585536"):
+        method = client.post if path.endswith("/ack") else client.delete
+        assert method(path).status_code == 422, path

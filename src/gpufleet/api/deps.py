@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from sqlalchemy.orm import Session
 
 from gpufleet.api.context import HeadContext
@@ -27,6 +27,8 @@ def context(request: Request) -> HeadContext:
 
 
 Ctx = Annotated[HeadContext, Depends(context)]
+# A row id in a path: a positive 64-bit integer, so a larger number is a 422, not a database overflow.
+RowId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 
 def tx(ctx: HeadContext, *, readonly: bool = False) -> AbstractContextManager[Session]:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 
-from gpufleet.api.deps import Ctx, allow, tx
+from gpufleet.api.deps import Ctx, RowId, allow, tx
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.core.durations import parse_duration
@@ -252,7 +252,7 @@ def list_alerts(
 
 
 @router.post("/alerts/{alert_id}/ack")
-def ack_alert(alert_id: int, caller: Annotated[Principal, allow(Permission.ALERTS_WRITE)], ctx: Ctx) -> AlertOut:
+def ack_alert(alert_id: RowId, caller: Annotated[Principal, allow(Permission.ALERTS_WRITE)], ctx: Ctx) -> AlertOut:
     with tx(ctx) as db:
         return AlertOut.model_validate(alerts.acknowledge(db, ctx.clock, alert_id, caller.actor))
 

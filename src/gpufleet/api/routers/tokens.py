@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Request
 
-from gpufleet.api.deps import Ctx, allow, tx
+from gpufleet.api.deps import Ctx, RowId, allow, tx
 from gpufleet.auth import identity, users
 from gpufleet.auth import service as auth
 from gpufleet.auth.policy import Permission, allowed
@@ -82,7 +82,7 @@ def create_user_token(
 
 
 @router.delete("/{token_id}", status_code=204)
-def revoke_token(token_id: int, caller: Annotated[Principal, allow(Permission.TOKENS_REVOKE)], ctx: Ctx) -> None:
+def revoke_token(token_id: RowId, caller: Annotated[Principal, allow(Permission.TOKENS_REVOKE)], ctx: Ctx) -> None:
     """Operators revoke join tokens (they create them); API tokens and sessions take users:write."""
     with tx(ctx) as db:
         auth.revoke_token(
