@@ -52,8 +52,16 @@ async function runAction(button, reason) {
     flash(`Could not reach the head node: ${error}`, true);
   } finally {
     button.disabled = false;
-    document.body.dispatchEvent(new Event("refresh"));
+    refreshLive();
+    // Once more a second later: an event sent while htmx is swapping the live part in (between the
+    // old element leaving and the new one listening) reaches no one, and the page would then show
+    // the state from before the action until the next 5 s poll.
+    setTimeout(refreshLive, 1000);
   }
+}
+
+function refreshLive() {
+  document.body.dispatchEvent(new Event("refresh"));
 }
 
 document.addEventListener("click", (event) => {
