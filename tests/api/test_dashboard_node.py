@@ -20,8 +20,8 @@ from gpufleet.monitoring import node_series, store
 from gpufleet.monitoring.models import Alert, MetricSample
 from gpufleet.protocol.inventory import GpuInfo, NodeInventory
 from gpufleet.protocol.metrics import EntityValues, Sample
+from tests.api.dashboard_helpers import logged_in
 
-PASSWORD = "correct horse battery"
 T0 = 1_800_000_000.0  # FakeClock's start, a minute boundary
 CHARTS = f"{API_PREFIX}/nodes/gpu001/gpu-charts"
 
@@ -30,17 +30,6 @@ CHARTS = f"{API_PREFIX}/nodes/gpu001/gpu-charts"
 def app(client: TestClient) -> FastAPI:
     app: FastAPI = client.app  # type: ignore[assignment]
     return app
-
-
-def _browser(client: TestClient, app: FastAPI, username: str, role: str) -> TestClient:
-    body = {"username": username, "role": role, "password": PASSWORD}
-    assert client.post("/api/v1/users", json=body).status_code == 201
-    browser = TestClient(app)
-    found = re.search(r'name="csrf" value="([^"]+)"', browser.get("/login").text)
-    assert found is not None
-    answer = browser.post("/login", data={"username": username, "password": PASSWORD, "csrf": found.group(1)})
-    assert answer.status_code == 200
-    return browser
 
 
 def _gpu(index: int) -> GpuInfo:
@@ -169,7 +158,7 @@ def _row(page: str, gpu: int) -> str:
 
 
 def test_the_node_page_shows_inventory_gpus_and_history(client: TestClient, app: FastAPI, gpu001: int) -> None:
-    page = _browser(client, app, "ann", "admin").get("/nodes/gpu001")
+    page = logged_in(client, "admin", "ann").get("/nodes/gpu001")
     assert page.status_code == 200
     text = page.text
     assert "<title>gpu001 — gpufleet</title>" in text
@@ -214,19 +203,19 @@ def test_the_node_page_shows_inventory_gpus_and_history(client: TestClient, app:
     assert f"{CHARTS}?metric=gpu_util&amp;since=1h" in charts
     assert "charts.js" in text
     assert 'data-range="1h" aria-current="page"' in text
-    day = _browser(client, app, "dan", "viewer").get("/nodes/gpu001?range=1d").text
+    day = logged_in(client, "viewer", "dan").get("/nodes/gpu001?range=1d").text
     assert f"{CHARTS}?metric=power_w&amp;since=1d" in day
     assert 'data-range="1d" aria-current="page"' in day
 
 
 def test_only_admins_see_the_audit_records_on_the_page(client: TestClient, app: FastAPI, gpu001: int) -> None:
-    page = _browser(client, app, "olga", "operator").get("/nodes/gpu001").text
+    page = logged_in(client, "operator", "olga").get("/nodes/gpu001").text
     assert "monitoring.drain_node" not in page
     assert "NodeFailed fired" in page
 
 
 def test_an_unknown_node_or_range_is_an_error_page(client: TestClient, app: FastAPI, gpu001: int) -> None:
-    browser = _browser(client, app, "vic", "viewer")
+    browser = logged_in(client, "viewer", "vic")
     missing = browser.get("/nodes/nope")
     assert missing.status_code == 404
     assert "no such node: nope" in missing.text
@@ -238,18 +227,18 @@ def test_an_unknown_node_or_range_is_an_error_page(client: TestClient, app: Fast
 
 
 def test_the_drain_button_is_for_those_who_may_drain(client: TestClient, app: FastAPI, gpu001: int) -> None:
-    viewer = _browser(client, app, "vera", "viewer").get("/nodes/gpu0011").text
-    operator = _browser(client, app, "otto", "operator").get("/nodes/gpu0011").text
+    viewer = logged_in(client, "viewer", "vera").get("/nodes/gpu0011").text
+    operator = logged_in(client, "operator", "otto").get("/nodes/gpu0011").text
     assert "gpu0011" in viewer
     assert "data-action=" not in viewer
     assert 'data-action="/api/v1/nodes/gpu0011/resume"' in operator  # drained: the button resumes
     assert client.post("/api/v1/nodes/gpu0011/resume").status_code == 200
-    operator = _browser(client, app, "oleg", "operator").get("/nodes/gpu0011").text
+    operator = logged_in(client, "operator", "oleg").get("/nodes/gpu0011").text
     assert 'data-action="/api/v1/nodes/gpu0011/drain"' in operator
 
 
 def test_an_htmx_request_gets_the_live_part_alone(client: TestClient, app: FastAPI, gpu001: int) -> None:
-    browser = _browser(client, app, "vi", "viewer")
+    browser = logged_in(client, "viewer", "vi")
     fragment = browser.get("/nodes/gpu001", headers={"HX-Request": "true"})
     assert fragment.status_code == 200
     assert fragment.text.lstrip().startswith('<section id="live"')
@@ -343,7 +332,7 @@ def test_gpu_charts_refuse_bad_input_and_anonymous_callers(client: TestClient, a
     anonymous = TestClient(app)
     assert anonymous.get(CHARTS).status_code == 401
     assert anonymous.get("/nodes/gpu001", follow_redirects=False).headers["location"] == "/login"
-    viewer = _browser(client, app, "val", "viewer")  # a browser's session is enough, as for charts.js
+    viewer = logged_in(client, "viewer", "val")  # a browser's session is enough, as for charts.js
     assert viewer.get(CHARTS).status_code == 200
 
 
