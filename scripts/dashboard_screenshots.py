@@ -40,25 +40,13 @@ from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
 import httpx
+from chromium_flags import CHROMIUM, CHROMIUM_ARGS  # scripts/, this file's directory
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page, Request
 
 ROOT = Path(__file__).resolve().parents[1]
 GPUFLEET = [sys.executable, "-m", "gpufleet.entry"]
-CHROMIUM = Path(os.environ.get("GPUFLEET_CHROMIUM", "/usr/bin/chromium"))
-# The browser tests' flags (tests/browser/conftest.py): keep Chromium off a network it cannot reach.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-]
 VIEWPORT = {"width": 1440, "height": 900}
 # (where in the fleet, as a share of it; the fault): sim007, sim042 and sim318 of 1,000. Spread out, so
 # that the overview's red is not all in one corner.

@@ -10,12 +10,12 @@ tests skip saying why (a failure in CI, GPUFLEET_REQUIRE_SERVICES=1).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from scripts.chromium_flags import CHROMIUM, CHROMIUM_ARGS
 
 from gpufleet.api.templates import missing_vendor_files
 from tests.conftest import ROOT, need
@@ -23,18 +23,6 @@ from tests.conftest import ROOT, need
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page
 
-CHROMIUM = Path(os.environ.get("GPUFLEET_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-]
 SCREENSHOTS = ROOT / "build" / "artifacts" / "screenshots"
 
 
