@@ -261,6 +261,46 @@ class HeadClient:
     def remove_health_policy(self, category: str) -> None:
         self._call("DELETE", f"/api/v1/health-policies/{category}")
 
+    # -- jobs ---------------------------------------------------------------------------------------
+    def submit_job(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/jobs", json=spec)
+        return result
+
+    def list_jobs(self, states: list[str], user: str | None, project: str | None, limit: int) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if states:
+            params["state"] = states
+        if user is not None:
+            params["user"] = user
+        if project is not None:
+            params["project"] = project
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/jobs", params=params)
+        return result
+
+    def show_job(self, job_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/jobs/{job_id}")
+        return result
+
+    def cancel_job(self, job_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/jobs/{job_id}/cancel")
+        return result
+
+    def job_output(self, job_id: int, after: int, rank: int | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"after": after}
+        if rank is not None:
+            params["rank"] = rank
+        result: dict[str, Any] = self._call("GET", f"/api/v1/jobs/{job_id}/output", params=params)
+        return result
+
+    def usage_report(self, since: datetime, by: str) -> dict[str, Any]:
+        params = {"since": since.isoformat(), "by": by}
+        result: dict[str, Any] = self._call("GET", "/api/v1/reports/usage", params=params)
+        return result
+
+    def idle_gpus(self, below: float) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/reports/idle-gpus", params={"below": below})
+        return result
+
 
 class AgentHttp:
     """The agent's HTTP calls. Shares one AsyncClient, so a simulator's thousand agents share a pool."""

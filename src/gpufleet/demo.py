@@ -53,6 +53,61 @@ def _point_cli_at(url: str, token: str) -> str:
     return f"saved server and token to {path}"
 
 
+async def _sample_jobs(url: str, token: str, nodes: int, gpus_per_node: int) -> None:
+    """On the first run, once nodes are up: two projects with members and a quota, and jobs that keep
+    the simulated cluster busy (a gang, single-GPU jobs, one holding idle GPUs, one over its quota)."""
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}) as http:
+        response = await http.get("/api/v1/jobs", params={"limit": 1, "state": list(_ALL_STATES)})
+        raise_for(response)
+        if response.json() or gpus_per_node == 0:
+            return  # a later run: the jobs are there already
+        for _ in range(120):  # the nodes join within seconds; submits check capacity against them
+            if sum(n["state"] == "up" for n in (await http.get("/api/v1/nodes")).json()) >= min(nodes, 2):
+                break
+            await asyncio.sleep(1)
+        for user, project in (("alice", "vision"), ("bob", "nlp")):
+            await http.post("/api/v1/users", json={"username": user})
+            await http.post("/api/v1/projects", json={"name": project})
+            await http.post(f"/api/v1/projects/{project}/members", json={"user": user})
+        await http.put("/api/v1/projects/nlp/quota", json={"max_gpus": min(4, gpus_per_node), "gpu_hours_budget": None})
+        jobs: list[dict[str, object]] = []
+        if nodes >= 2:
+            jobs.append(
+                {
+                    "user": "alice",
+                    "name": "llm-pretrain",
+                    "nodes": 2,
+                    "gpus_per_node": gpus_per_node,
+                    "argv": ["torchrun", "train.py"],
+                    "env": {"GPUFLEET_SIM_SECONDS": "1800"},
+                    "time_limit_s": 7200,
+                }
+            )
+        jobs += [
+            {"user": "alice", "name": f"sweep-{i}", "gpus_per_node": 1, "argv": ["sleep", str(120 + 60 * i)]}
+            for i in range(6)
+        ]
+        jobs.append(
+            {
+                "user": "bob",
+                "name": "notebook",
+                "gpus_per_node": 2,
+                "argv": ["jupyter", "lab"],
+                "env": {"GPUFLEET_SIM_SECONDS": "3600", "GPUFLEET_SIM_UTIL": "0.02"},
+            }
+        )
+        jobs += [
+            {"user": "bob", "name": f"finetune-{i}", "gpus_per_node": min(2, gpus_per_node), "argv": ["sleep", "900"]}
+            for i in range(3)
+        ]  # the nlp project's quota lets two run; the third waits with reason quota
+        for job in jobs:
+            response = await http.post("/api/v1/jobs", json=job)
+            raise_for(response)
+
+
+_ALL_STATES = ("pending", "running", "completed", "failed", "cancelled", "timeout", "node_fail")
+
+
 def run_demo(cli: CliState, data_dir: Path, listen: str, nodes: int, gpus_per_node: int) -> None:
     token = _kept_secret(data_dir, "admin-token", lambda: secrets.new_token(secrets.ADMIN_PREFIX))
     password = _kept_secret(data_dir, "admin-password", lambda: _secrets.token_urlsafe(12))
@@ -103,12 +158,14 @@ def run_demo(cli: CliState, data_dir: Path, listen: str, nodes: int, gpus_per_no
         simulation.build()
         gc_tuning.tune_for_long_running()
         sim_task = asyncio.create_task(simulation.run())
+        jobs_task = asyncio.create_task(_sample_jobs(url, token, nodes, gpus_per_node))
         try:
             await serving
         finally:
-            sim_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sim_task
+            for task in (sim_task, jobs_task):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())

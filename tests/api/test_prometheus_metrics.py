@@ -128,3 +128,32 @@ def test_metrics_are_gzipped_when_the_scraper_asks(client: TestClient) -> None:
     assert "content-encoding" not in plain.headers
     assert zipped.text == plain.text  # httpx decodes what it asked for
     assert 'gpufleet_node_drained{node="n1"} 0.0' in plain.text
+
+
+def test_a_gpu_held_by_a_job_carries_its_id_and_the_job_its_user_and_project(
+    client: TestClient, clock: FakeClock
+) -> None:
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    n1, _ = _join(client, "n1", 2)
+    with transaction(ctx.sessions) as s:
+        s.execute(update(Node).where(Node.id == n1).values(state=NodeState.UP, health="healthy"))
+    client.post("/api/v1/users", json={"username": "alice"})
+    client.post("/api/v1/projects", json={"name": "vision"})
+    client.post("/api/v1/projects/vision/members", json={"user": "alice"})
+    submitted = client.post("/api/v1/jobs", json={"user": "alice", "gpus_per_node": 1, "argv": ["train"]})
+    assert submitted.status_code == 201, submitted.text
+    job_id = str(submitted.json()["id"])
+    ctx.loops.lead_once()
+    assert ctx.jobs.schedule_once().placed == [int(job_id)]
+    values = {"gpu_util": 50.0}
+    sample = Sample(ts=clock.now(), entities=[EntityValues(entity=f"gpu:{i}", values=values) for i in range(2)])
+    ctx.monitoring.ingest(n1, [sample])
+
+    families = _scrape(client)
+    held = {
+        labels: v for labels, v in _values(families["DCGM_FI_DEV_GPU_UTIL"]).items() if ("hpc_job", job_id) in labels
+    }
+    assert len(held) == 1  # the one GPU it holds; the other has no hpc_job label
+    assert len(_values(families["DCGM_FI_DEV_GPU_UTIL"])) == 2
+    info = _values(families["gpufleet_job_info"])
+    assert info == {(("hpc_job", job_id), ("project", "vision"), ("user", "alice")): 1.0}

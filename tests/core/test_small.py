@@ -30,3 +30,34 @@ def test_durations(text: str, seconds: int) -> None:
 def test_bad_durations(bad: str) -> None:
     with pytest.raises(InvalidInput):
         parse_duration(bad)
+
+
+def test_a_periodic_loop_runs_on_wake_without_pushing_its_period_out() -> None:
+    """Twenty wakes in a row, then quiet: the loop keeps its period (a wake is an extra pass, not the
+    scheduled one, so it must not move the next scheduled pass a period further each time)."""
+    import asyncio
+
+    from gpufleet.core.loops import run_periodic
+
+    async def scenario() -> tuple[int, int]:
+        stop, wake = asyncio.Event(), asyncio.Event()
+        passes = 0
+
+        async def step() -> None:
+            nonlocal passes
+            passes += 1
+
+        task = asyncio.create_task(run_periodic("test", 0.2, step, stop, wake=wake))
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+            wake.set()
+        await asyncio.sleep(0.05)
+        woken = passes
+        await asyncio.sleep(1.0)  # about five periodic passes
+        stop.set()
+        await task
+        return woken, passes - woken
+
+    woken, periodic = asyncio.run(scenario())
+    assert woken >= 15  # each wake ran a pass soon after (wakes close together may merge)
+    assert 3 <= periodic <= 7

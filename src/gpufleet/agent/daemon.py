@@ -21,12 +21,14 @@ from gpufleet.agent.checks.ports import CheckSource
 from gpufleet.agent.credentials import Credential, CredentialStore
 from gpufleet.agent.faults import AGENT_FAULTS, REFUSED_ON_REAL_NODES, FaultTarget
 from gpufleet.agent.inventory import InventorySource
+from gpufleet.agent.jobs.supervisor import JobSupervisor
 from gpufleet.agent.metrics.outbox import Outbox
 from gpufleet.agent.metrics.ports import EventSource, SampleSource
 from gpufleet.client import AgentHttp
 from gpufleet.core.errors import GpufleetError, InvalidInput, Unauthorized, Unavailable
 from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.inventory import NodeInventory
+from gpufleet.protocol.jobs import JobAck, JobCancel, JobStart, JobUpdate
 from gpufleet.protocol.messages import (
     CLOSE_NODE_GONE,
     CLOSE_REPLACED,
@@ -70,6 +72,7 @@ class AgentOptions:
     metrics_backlog: int = 60  # samples kept while the head is unreachable; the oldest go first
     checks: CheckSource | None = None  # the node's own checks, run every checks_interval_s; None: none
     checks_interval_s: float = 60.0
+    jobs: JobSupervisor | None = None  # runs the jobs the head places here; None: this agent runs none
 
 
 def channel_url(server: str) -> str:
@@ -169,6 +172,8 @@ class Agent:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            if self.options.jobs is not None:
+                await self.options.jobs.close()
 
     async def _connect_forever(self) -> None:
         credential = await self._with_retry(self.ensure_credential)
@@ -232,6 +237,9 @@ class Agent:
             }
             if self.options.accounts is not None:
                 tasks.add(asyncio.create_task(self._watch_accounts(credential, self.options.accounts)))
+            if self.options.jobs is not None:
+                self.options.jobs.connected()
+                tasks.add(asyncio.create_task(self.options.jobs.send_forever(ws.send)))
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             finally:
@@ -270,7 +278,29 @@ class Agent:
                 self.ever_acked = True
             elif isinstance(message, FaultCommand):
                 await ws.send(self.apply_fault(message).model_dump_json())
+            elif isinstance(message, JobStart | JobCancel | JobAck) and not self.crashed:
+                await self._job_message(ws, message)
         raise Unavailable("the head closed the channel normally")
+
+    async def _job_message(self, ws: ClientConnection, message: JobStart | JobCancel | JobAck) -> None:
+        jobs = self.options.jobs
+        if jobs is None:
+            if isinstance(message, JobStart | JobCancel):  # say so, so the head does not wait forever
+                refused = JobUpdate(
+                    job_id=message.job_id,
+                    run=message.run,
+                    rank=message.rank,
+                    state="exited",
+                    outcome="error",
+                    message="this agent runs no jobs (it was started without an executor)",
+                )
+                await ws.send(refused.model_dump_json())
+        elif isinstance(message, JobStart):
+            jobs.start(message)
+        elif isinstance(message, JobCancel):
+            jobs.cancel(message)
+        else:
+            jobs.acknowledged(message)
 
     async def _beat(self, ws: ClientConnection) -> None:
         loop = asyncio.get_running_loop()
@@ -381,6 +411,8 @@ class Agent:
     def _agent_fault(self, kind: str) -> str:
         if kind == "node-crash":
             self.outbox.clear()  # a crashed node loses what it had not sent
+            if self.options.jobs is not None:
+                self.options.jobs.lose_all()  # and its jobs' processes
             self._set_mode(crashed=True, hung=self.hung)
             return "node crashed: no heartbeats, metrics or events until healed"
         self._set_mode(crashed=self.crashed, hung=True)

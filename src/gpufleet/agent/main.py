@@ -15,6 +15,8 @@ from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.gpu.smi import NvidiaSmiReader
 from gpufleet.agent.host import read_host_facts
 from gpufleet.agent.inventory import inventory_source
+from gpufleet.agent.jobs.process import ProcessExecutor
+from gpufleet.agent.jobs.supervisor import JobSupervisor
 from gpufleet.agent.metrics.gpu import GpuCollector
 from gpufleet.agent.metrics.host import HostCollector
 from gpufleet.agent.metrics.infiniband import IbCollector
@@ -70,6 +72,11 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
                 metrics_interval_s=settings.metrics_interval_s,
                 checks=checks,
                 checks_interval_s=settings.checks_interval_s,
+                jobs=JobSupervisor(
+                    ProcessExecutor.on_this_node(
+                        settings.job_spool_dir, settings.job_kill_grace_s, settings.job_podman_env
+                    )
+                ),
             )
             await Agent(options, store, AgentHttp(settings.server, http), read).run()
 

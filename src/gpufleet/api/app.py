@@ -33,6 +33,9 @@ from gpufleet.api.routers import (
     web_login,
 )
 from gpufleet.api.routers import (
+    jobs as job_routes,
+)
+from gpufleet.api.routers import (
     monitoring as monitoring_routes,
 )
 from gpufleet.api.templates import STATIC_DIR, StaticFiles
@@ -50,6 +53,7 @@ from gpufleet.monitoring.health import HealthJudge
 from gpufleet.monitoring.store import Retention
 from gpufleet.monitoring.tracker import HealthTracker
 from gpufleet.workers.head_loops import HeadLoops
+from gpufleet.workers.job_loops import JobLoops
 from gpufleet.workers.monitoring_loops import MonitoringLoops
 
 log = logging.getLogger(__name__)
@@ -82,6 +86,8 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     tokens.whoami_router,
     tokens.login_router,
     agent.router,
+    job_routes.router,
+    job_routes.reports,
     audit_log.router,
     users.router,
     projects.router,
@@ -135,6 +141,14 @@ def create_app(
         on_durable=hub.acknowledge,
         on_changes=monitoring.liveness_changed,
     )
+    jobs = JobLoops(
+        settings=settings,
+        sessions=sessions,
+        clock=clock,
+        is_leader=lambda: loops.is_leader,
+        nodes_here=hub.node_ids,
+        send=hub.send_threadsafe,
+    )
     ca_pem = _served_ca(settings)
     ctx = HeadContext(
         ca_pem=ca_pem,
@@ -145,6 +159,7 @@ def create_app(
         hub=hub,
         loops=loops,
         monitoring=monitoring,
+        jobs=jobs,
         identity=identity.provider(settings.identity_provider),
         throttle=LoginThrottle(clock),
     )
@@ -154,7 +169,8 @@ def create_app(
         hub.bind(asyncio.get_running_loop())
         notifications.bind(asyncio.get_running_loop())
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(loops.run(stop)), asyncio.create_task(monitoring.run(stop))] if run_loops else []
+        runs = (loops.run(stop), monitoring.run(stop), jobs.run(stop)) if run_loops else ()
+        tasks = [asyncio.create_task(run) for run in runs]
         try:
             yield
         finally:

@@ -12,6 +12,7 @@ from gpufleet.auth.throttle import LoginThrottle
 from gpufleet.core.clock import Clock
 from gpufleet.core.config import Settings
 from gpufleet.workers.head_loops import HeadLoops
+from gpufleet.workers.job_loops import JobLoops
 from gpufleet.workers.monitoring_loops import MonitoringLoops
 
 
@@ -23,6 +24,7 @@ class HeadContext:
     hub: ChannelHub
     loops: HeadLoops
     monitoring: MonitoringLoops
+    jobs: JobLoops
     identity: IdentityProvider
     throttle: LoginThrottle
     ca_pem: str | None = None  # the CA agents pin when the head serves TLS (see core.tls)

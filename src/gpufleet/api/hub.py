@@ -73,6 +73,19 @@ class ChannelHub:
             return True
         return False
 
+    def node_ids(self) -> list[int]:
+        return list(self._channels)
+
+    def send(self, node_id: int, text: str) -> None:
+        """Send a message down a node's channel if this replica holds it (from the event loop's thread)."""
+        channel = self._channels.get(node_id)
+        if channel is not None:
+            channel.send(text)
+
+    def send_threadsafe(self, node_id: int, text: str) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.send, node_id, text)
+
     def command(self, node_id: int, command: FaultCommand) -> asyncio.Future[FaultResult]:
         """Send a command down a node's channel; the future gets the agent's answer. Raises Conflict
         when this replica holds no channel of the node."""

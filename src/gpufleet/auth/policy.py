@@ -1,7 +1,7 @@
 """Who may do what: the one policy table. Routes name a permission; only `api.deps.allow` checks it.
 
 Roles are the issue's: `admin` (everything), `operator` (nodes, drains, alerts, join tokens; not
-users or the audit log), `member` and `viewer` (read the cluster; members will also run their projects' jobs), and
+users or the audit log), `member` and `viewer` (read the cluster; members also run jobs in their projects), and
 `node`, which is what an agent's own credential is: it may only report for its own node.
 """
 
@@ -35,6 +35,9 @@ class Permission(enum.StrEnum):
     ALERTS_READ = "alerts:read"
     ALERTS_WRITE = "alerts:write"  # acknowledge, silence, manage receivers
     METRICS_READ = "metrics:read"  # the fleet in Prometheus' format (GET /metrics)
+    JOBS_READ = "jobs:read"  # the queue, job history and usage reports
+    JOBS_SUBMIT = "jobs:submit"  # submit jobs as oneself to one's projects, cancel one's own, read their output
+    JOBS_ADMIN = "jobs:admin"  # any user's jobs: submit as them, cancel, raise priority, read output
     AGENT_REPORT = "agent:report"  # a node reporting about itself
 
 
@@ -47,6 +50,7 @@ _READ_CLUSTER = frozenset(
         Permission.TOKENS_OWN,
         Permission.ALERTS_READ,
         Permission.METRICS_READ,
+        Permission.JOBS_READ,
     }
 )
 # What a token with scope "read" may still do, whatever its role.
@@ -61,8 +65,9 @@ POLICY: dict[Role, frozenset[Permission]] = {
         Permission.TOKENS_WRITE,
         Permission.TOKENS_REVOKE,  # join tokens only: see the revoke route
         Permission.ALERTS_WRITE,
+        Permission.JOBS_SUBMIT,
     },
-    Role.MEMBER: _READ_CLUSTER,
+    Role.MEMBER: _READ_CLUSTER | {Permission.JOBS_SUBMIT},
     Role.VIEWER: _READ_CLUSTER,
     Role.NODE: frozenset({Permission.AGENT_REPORT}),
 }

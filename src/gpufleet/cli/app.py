@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from gpufleet import __version__
-from gpufleet.cli import audit, config, export, monitoring, nodes, projects, tokens, users
+from gpufleet.cli import audit, config, export, jobs, monitoring, nodes, projects, tokens, users
 from gpufleet.cli.state import CliState
 
 app = typer.Typer(
@@ -46,6 +46,8 @@ app.add_typer(projects.app, name="project")
 app.add_typer(monitoring.metrics_app, name="metrics")
 app.add_typer(monitoring.alert_app, name="alert")
 app.add_typer(export.app, name="export")
+app.add_typer(jobs.app, name="job")
+app.add_typer(jobs.report_app, name="report")
 app.add_typer(monitoring.policy_app, name="health-policy")
 app.command("health")(monitoring.health)
 app.command("login")(config.login)

@@ -68,6 +68,31 @@ class Settings(BaseSettings):
         3, ge=1, le=1000, description="healthy samples in a row before a node gpufleet drained is resumed"
     )
     external_url: str | None = Field(None, description="the head's URL as people reach it, for links in alerts")
+    # Jobs (the built-in workload manager)
+    scheduler_interval_s: float = Field(1.0, gt=0, le=600, description="how often the leader schedules the queue")
+    scheduler_backfill: bool = Field(True, description="let later jobs start when they cannot delay the top one")
+    scheduler_placement: str = Field("pack", description="pack (fill nodes) or spread (balance load)")
+    scheduler_placement_by_category: dict[str, str] = Field(
+        default_factory=dict, description="pack or spread per node category, over scheduler_placement"
+    )
+    fair_share_half_life_s: float = Field(
+        7 * 86_400.0, gt=0, description="half-life of past GPU use in projects' fair-share order"
+    )
+    job_default_time_limit_s: float = Field(3600.0, gt=0, description="time limit of a job that names none")
+    job_max_time_limit_s: float = Field(14 * 86_400.0, gt=0, description="the longest time limit a job may ask for")
+    job_max_requeues: int = Field(3, ge=0, le=100, description="how often a requeue-on-node-failure job is run again")
+    job_output_max_chars: int = Field(
+        16 * 1024 * 1024, ge=1024, description="output kept per job on the head; the rest stays in the node's spool"
+    )
+    job_spool_dir: Path = Field(
+        Path("/var/lib/gpufleet-agent/jobs"), description="where the agent keeps each job's full output"
+    )
+    job_kill_grace_s: float = Field(
+        10.0, ge=0, le=3600, description="SIGTERM to SIGKILL, when a job is cancelled or out of time"
+    )
+    job_podman_env: dict[str, str] = Field(
+        default_factory=dict, description="extra environment for podman, e.g. CONTAINERS_CONF"
+    )
     identity_provider: str = Field("local", description="who checks user names and passwords (local)")
     web_session_ttl_s: int = Field(12 * 3600, ge=60, le=30 * 24 * 3600, description="how long a web login lasts")
     tls_cert: Path | None = Field(
@@ -102,6 +127,21 @@ class Settings(BaseSettings):
     )
     required_mounts: list[str] = Field(default_factory=list, description="paths that must be mount points")
     log_level: str = Field("INFO", description="logging level")
+
+    @field_validator("scheduler_placement")
+    @classmethod
+    def _check_placement(cls, value: str) -> str:
+        if value not in ("pack", "spread"):
+            raise ValueError("must be pack or spread")
+        return value
+
+    @field_validator("scheduler_placement_by_category")
+    @classmethod
+    def _check_placement_by_category(cls, value: dict[str, str]) -> dict[str, str]:
+        wrong = sorted(k for k, v in value.items() if v not in ("pack", "spread"))
+        if wrong:
+            raise ValueError(f"must map categories to pack or spread (not: {', '.join(wrong)})")
+        return value
 
     @field_validator("listen")
     @classmethod
@@ -241,7 +281,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and key not in Settings.model_fields:  # a dict-valued setting stays whole
             flat.update({f"{key}_{inner}": v for inner, v in value.items()})
         else:
             flat[key] = value

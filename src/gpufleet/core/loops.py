@@ -17,8 +17,10 @@ async def run_periodic(
     stop: asyncio.Event,
     *,
     once: bool = False,
+    wake: asyncio.Event | None = None,
 ) -> None:
-    """Call `step` every `interval_s` until `stop` is set (or once). Exceptions are logged, never propagated."""
+    """Call `step` every `interval_s` until `stop` is set (or once), and at once whenever `wake` is set.
+    Exceptions are logged, never propagated."""
     loop = asyncio.get_running_loop()
     next_at = loop.time()
     while not stop.is_set():
@@ -33,4 +35,21 @@ async def run_periodic(
         # Fixed-rate schedule: a slow pass shortens the next wait instead of drifting the period.
         next_at = max(next_at + interval_s, loop.time())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=next_at - loop.time())
+            if wake is None:
+                await asyncio.wait_for(stop.wait(), timeout=next_at - loop.time())
+            elif await _either(stop, wake, next_at - loop.time()):
+                # Woken: this pass is an extra one, so the next periodic pass is a whole period after it.
+                # (Counting it as the scheduled one would push every later pass a period further out.)
+                wake.clear()
+                next_at = loop.time()
+
+
+async def _either(stop: asyncio.Event, wake: asyncio.Event, within_s: float) -> bool:
+    """Wait until `stop` or `wake` is set, or `within_s` passes; returns whether `wake` is set."""
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+    return wake.is_set()

@@ -3,7 +3,9 @@
 Nothing is copied to be exported. A scrape reads the latest sample of each node this replica holds
 from the `HealthTracker` (in memory already, for the health checks) and the node facts from the
 database in one read-only transaction: GPU UUID, model, PCI bus id and driver for the labels; state,
-health and drain for `gpufleet_node_*`; the alerts firing.
+health and drain for `gpufleet_node_*`; the alerts firing; the running jobs. A GPU a running job holds
+carries that job's id as `hpc_job` on its series (as dcgm-exporter's HPC job mapping does), and
+`gpufleet_job_info{hpc_job, user, project}` lets a query group GPU series by user or project.
 
 Several replicas: each tracker holds only the nodes whose channels that replica holds, so Prometheus
 must scrape every replica to see every GPU (list each in the scrape job). The `gpufleet_node_*` and
@@ -23,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpufleet.core.db import transaction
 from gpufleet.inventory.models import Gpu, Node
 from gpufleet.inventory.states import NodeState
+from gpufleet.jobs.models import Job, JobRank, JobState, RankState
 from gpufleet.monitoring.alerts import RULES
 from gpufleet.monitoring.models import Alert
 from gpufleet.monitoring.tracker import HealthTracker
@@ -30,6 +33,8 @@ from gpufleet.prometheus.exposition import Families, GpuFacts, NodeMetrics
 from gpufleet.prometheus.names import (
     ALERTS_FIRING,
     HEALTH_VALUES,
+    JOB_INFO,
+    JOB_LABEL,
     NODE_DRAINED,
     NODE_EXPECTED_GPUS,
     NODE_HEALTH,
@@ -69,16 +74,21 @@ class FleetCollector:
                         Gpu.node_id.in_(held)
                     )
                 )
+                holders = _job_holders(session, held)
                 for node_id, index, uuid, model, bus, driver in rows:
-                    gpus[node_id][index] = GpuFacts(uuid, model, bus, driver or "")
+                    job = holders.get((node_id, index), "")
+                    gpus[node_id][index] = GpuFacts(uuid, model, bus, driver or "", job)
+            jobs = session.execute(select(Job.id, Job.user, Job.project).where(Job.state == JobState.RUNNING)).all()
             firing = session.execute(
                 select(Alert.rule, Alert.severity, func.count())
                 .where(Alert.status == "firing")
                 .group_by(Alert.rule, Alert.severity)
             ).all()
         families = Families()
-        for family in (NODE_UP, NODE_HEALTH, NODE_DRAINED, NODE_EXPECTED_GPUS, ALERTS_FIRING):
+        for family in (NODE_UP, NODE_HEALTH, NODE_DRAINED, NODE_EXPECTED_GPUS, ALERTS_FIRING, JOB_INFO):
             families.declare(family)
+        for job_id, user, project in jobs:
+            families.add(JOB_INFO, {JOB_LABEL: str(job_id), "user": user, "project": project or ""}, 1.0)
         for node in nodes:
             labels = {NODE_LABEL: node.name}
             if node.state is not NodeState.NEW:  # never heard from: neither up nor down
@@ -99,3 +109,15 @@ class FleetCollector:
             if entities:
                 families.add_node(NodeMetrics(node.name, node.hostname or node.name, entities, gpus.get(node.id, {})))
         return families.collect()
+
+
+def _job_holders(session: Session, node_ids: set[int]) -> dict[tuple[int, int], str]:
+    """(node id, GPU index) -> the id of the running job whose current run holds it."""
+    rows = session.execute(
+        select(JobRank.node_id, JobRank.gpu_indexes, JobRank.job_id)
+        .join(Job, (Job.id == JobRank.job_id) & (Job.run == JobRank.run))
+        .where(Job.state == JobState.RUNNING, JobRank.state != RankState.EXITED, JobRank.node_id.in_(node_ids))
+    )
+    return {
+        (node_id, index): str(job_id) for node_id, indexes, job_id in rows if node_id is not None for index in indexes
+    }

@@ -23,6 +23,7 @@ from gpufleet.prometheus.names import (
     GPU_SERIES,
     HOST_SERIES,
     IB_SERIES,
+    JOB_LABEL,
     NIC_SERIES,
     NODE_LABEL,
     Series,
@@ -39,6 +40,7 @@ class GpuFacts:
     model: str = ""
     pci_bus_id: str = ""
     driver_version: str = ""
+    job: str = ""  # the job holding the GPU, labelled `hpc_job` as dcgm-exporter's HPC job mapping does
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class Families:
 def gpu_labels(node: NodeMetrics, index: int) -> dict[str, str]:
     """dcgm-exporter's labels for one GPU (see `names.GPU_LABELS`)."""
     facts = node.gpus.get(index, GpuFacts())
-    return {
+    labels = {
         "gpu": str(index),
         "UUID": facts.uuid,
         "pci_bus_id": facts.pci_bus_id,
@@ -98,6 +100,9 @@ def gpu_labels(node: NodeMetrics, index: int) -> dict[str, str]:
         "DCGM_FI_DRIVER_VERSION": facts.driver_version,
         NODE_LABEL: node.node,
     }
+    if facts.job:
+        labels[JOB_LABEL] = facts.job
+    return labels
 
 
 def _entity_labels(node: NodeMetrics, kind: str, rest: str) -> tuple[dict[str, Series] | None, dict[str, str]]:

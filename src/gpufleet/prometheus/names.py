@@ -31,6 +31,8 @@ class Series:
 
 NODE_LABEL = "node"
 # dcgm-exporter's GPU labels, in its order, then gpufleet's own.
+# dcgm-exporter's HPC job mapping label: on a GPU's series while a job holds the GPU.
+JOB_LABEL = "hpc_job"
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION", NODE_LABEL)
 
 GPU_SERIES: dict[str, Series] = {
@@ -155,5 +157,10 @@ NODE_HEALTH = Series(
 )
 NODE_DRAINED = Series("gpufleet_node_drained", "gauge", "1 if the node is drained: no new work lands on it.")
 NODE_EXPECTED_GPUS = Series("gpufleet_node_gpus_expected", "gauge", "The most GPUs the node ever reported.")
+JOB_INFO = Series(
+    "gpufleet_job_info",
+    "gauge",
+    "1 for each running job, labelled with its user and project: join GPU series on hpc_job to group by them.",
+)
 ALERTS_FIRING = Series("gpufleet_alerts_firing", "gauge", "gpufleet's own alerts now firing, by rule and severity.")
 HEALTH_VALUES: dict[str, float] = {"healthy": 0.0, "degraded": 1.0, "failed": 2.0}

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
 
 from gpufleet.protocol.inventory import NodeInventory
+from gpufleet.protocol.jobs import JobAck, JobCancel, JobHeld, JobOutput, JobStart, JobUpdate
 from gpufleet.protocol.metrics import FaultCommand, NodeEvent, Sample
 
 NODE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -97,7 +98,7 @@ class FaultResult(BaseModel):
     message: Annotated[str, StringConstraints(max_length=512)] = ""
 
 
-AnyAgentMessage = Hello | Heartbeat | Metrics | Events | FaultResult
+AnyAgentMessage = Hello | Heartbeat | Metrics | Events | FaultResult | JobUpdate | JobOutput | JobHeld
 AgentMessage = Annotated[AnyAgentMessage, Field(discriminator="type")]
 agent_message_adapter: TypeAdapter[AnyAgentMessage] = TypeAdapter(AgentMessage)
 
@@ -117,6 +118,6 @@ class Ack(BaseModel):
     seq: int
 
 
-AnyHeadMessage = Welcome | Ack | FaultCommand
+AnyHeadMessage = Welcome | Ack | FaultCommand | JobStart | JobCancel | JobAck
 HeadMessage = Annotated[AnyHeadMessage, Field(discriminator="type")]
 head_message_adapter: TypeAdapter[AnyHeadMessage] = TypeAdapter(HeadMessage)

@@ -20,6 +20,7 @@ from gpufleet.agent.credentials import CredentialStore
 from gpufleet.agent.daemon import Agent, AgentOptions
 from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.inventory import inventory_source
+from gpufleet.agent.jobs.supervisor import JobSupervisor
 from gpufleet.agent.metrics.gpu import GpuCollector
 from gpufleet.agent.metrics.infiniband import IbCollector
 from gpufleet.agent.metrics.sampler import Sampler
@@ -32,6 +33,7 @@ from gpufleet.sim.faults import SimulatedFaults
 from gpufleet.sim.host import simulated_host
 from gpufleet.sim.host_metrics import SimulatedHostMetrics
 from gpufleet.sim.infiniband import SimulatedInfiniband
+from gpufleet.sim.jobs import SimulatedExecutor
 from gpufleet.sim.nvml import SimulatedNvml
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,8 @@ class Simulation:
                 join_token=opts.join_token,
                 heartbeat_interval_s=opts.heartbeat_interval_s,
                 tls_context=opts.tls_context,
+                # Jobs placed here run in simulated time: GPUs load up, nothing is executed.
+                jobs=JobSupervisor(SimulatedExecutor(nvml)),
             )
             self._add_metrics(agent_opts, name, nvml)
             store = CredentialStore(opts.state_dir / "nodes" / f"{name}.json")

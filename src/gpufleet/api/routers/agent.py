@@ -22,6 +22,7 @@ from gpufleet.core.errors import GpufleetError, InvalidInput, NotFound, PayloadT
 from gpufleet.inventory import service as inventory
 from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.inventory import NodeInventory
+from gpufleet.protocol.jobs import JobAck, JobHeld, JobOutput, JobUpdate
 from gpufleet.protocol.messages import (
     CLOSE_BAD_MESSAGE,
     CLOSE_TOO_LARGE,
@@ -162,6 +163,20 @@ async def _serve(ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None
             ctx.monitoring.ingest(chan.node_id, message.samples)
         elif isinstance(message, Events):
             ctx.monitoring.events(chan.node_id, message.events)
+        elif isinstance(message, JobOutput | JobUpdate | JobHeld):
+            await _job_message(ctx, chan, message)
+
+
+async def _job_message(ctx: Ctx, chan: Channel, message: JobOutput | JobUpdate | JobHeld) -> None:
+    if isinstance(message, JobOutput):
+        ctx.jobs.output(chan.node_id, message)
+    elif isinstance(message, JobUpdate):
+        # Acknowledged once durable, so the agent forgets a rank's end only when the head has it.
+        await asyncio.to_thread(ctx.jobs.record_update, chan.node_id, message)
+        if message.state == "exited":
+            chan.send(JobAck(job_id=message.job_id, run=message.run, rank=message.rank).model_dump_json())
+    else:
+        await asyncio.to_thread(ctx.jobs.record_held, chan.node_id, message)
 
 
 def _etag_matches(if_none_match: str | None, etag: str) -> bool:

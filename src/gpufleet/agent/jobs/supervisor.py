@@ -1,0 +1,193 @@
+"""The agent's side of jobs: start and stop ranks as the head asks, and report them until it listens.
+
+Each rank runs in a task of its own through the node's executor (`ports.JobExecutor`). Reports go out
+in two queues: *control* (running/exited updates and the list of ranks held) and *output* (stdout and
+stderr chunks, coalesced for `flush_s` and bounded: when the head is unreachable for long the oldest
+chunks go, the node's spool keeps everything). A rank's end is re-sent after every reconnect until the
+head acknowledges it (`job_ack`), so a job's exit code is never lost with a dropped channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from gpufleet.agent.jobs.ports import JobExecutor, RankResult
+from gpufleet.protocol.jobs import (
+    MAX_OUTPUT_CHUNK,
+    JobAck,
+    JobCancel,
+    JobHeld,
+    JobOutput,
+    JobStart,
+    JobUpdate,
+    RankRef,
+    Stream,
+)
+
+log = logging.getLogger(__name__)
+Key = tuple[int, int, int]  # (job id, run, rank)
+MAX_QUEUED_OUTPUT = 2000  # chunks (up to 16 KiB each) waiting for the head
+SendText = Callable[[str], Awaitable[None]]
+
+
+@dataclass
+class _Rank:
+    launch: JobStart
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    started: bool = False
+    result: RankResult | None = None
+    pending: dict[str, str] = field(default_factory=lambda: {"stdout": "", "stderr": ""})
+    offsets: dict[str, int] = field(default_factory=lambda: {"stdout": 0, "stderr": 0})
+
+
+def _key(ref: RankRef) -> Key:
+    return (ref.job_id, ref.run, ref.rank)
+
+
+class JobSupervisor:
+    def __init__(self, executor: JobExecutor, flush_s: float = 0.25) -> None:
+        self.executor = executor
+        self.flush_s = flush_s
+        self.ranks: dict[Key, _Rank] = {}
+        self._control: deque[str] = deque()
+        self._output: deque[str] = deque(maxlen=MAX_QUEUED_OUTPUT)
+        self._ready = asyncio.Event()
+        self._flush_handle: asyncio.TimerHandle | None = None
+
+    # -- what the head says -------------------------------------------------------------------------
+    def start(self, launch: JobStart) -> None:
+        key = _key(launch)
+        rank = self.ranks.get(key)
+        if rank is not None:  # a resent start: the head may have missed our answer
+            self._report(rank)
+            return
+        rank = _Rank(launch=launch)
+        self.ranks[key] = rank
+        rank.task = asyncio.create_task(self._run(rank), name=f"job-{launch.job_id}.{launch.run}.{launch.rank}")
+
+    def cancel(self, order: JobCancel) -> None:
+        rank = self.ranks.get(_key(order))
+        if rank is None:  # never started here, or ended and acknowledged: nothing holds its GPUs
+            ref = RankRef(job_id=order.job_id, run=order.run, rank=order.rank)
+            self._send_control(_update(ref, "exited", RankResult("cancelled", None, "not running on this node")))
+            return
+        if rank.result is not None:
+            self._report(rank)
+            return
+        log.info("job %s rank %s: stopping (%s)", order.job_id, order.rank, order.reason)
+        rank.cancel.set()
+
+    def acknowledged(self, ack: JobAck) -> None:
+        rank = self.ranks.get(_key(ack))
+        if rank is not None and rank.result is not None:
+            del self.ranks[_key(ack)]
+
+    def connected(self) -> None:
+        """After each welcome: re-send what the head may have missed, ends first, then the ranks held (so
+        the head never takes a rank that ended for one it lost)."""
+        self._control.clear()
+        for rank in self.ranks.values():
+            self._report(rank)
+        held = [rank.launch for rank in self.ranks.values() if rank.result is None]
+        refs = [RankRef(job_id=r.job_id, run=r.run, rank=r.rank) for r in held]
+        self._send_control(JobHeld(ranks=refs).model_dump_json())
+
+    def lose_all(self) -> None:
+        """A simulated node crash: every rank's processes die with the node, and nothing is reported."""
+        for rank in self.ranks.values():
+            if rank.task is not None:
+                rank.task.cancel()
+        self.ranks.clear()
+        self._control.clear()
+        self._output.clear()
+
+    # -- running ------------------------------------------------------------------------------------
+    async def _run(self, rank: _Rank) -> None:
+        launch = rank.launch
+
+        def on_started() -> None:
+            rank.started = True
+            self._send_control(_update(launch, "running"))
+
+        def on_output(stream: Stream, text: str) -> None:
+            rank.pending[stream] += text
+            if len(rank.pending[stream]) >= MAX_OUTPUT_CHUNK:
+                self._flush(rank)
+            elif self._flush_handle is None:
+                self._flush_handle = asyncio.get_running_loop().call_later(self.flush_s, self._flush_all)
+
+        result = await self.executor.run(launch, on_started, on_output, rank.cancel)
+        self._flush(rank)
+        rank.result = result
+        log.info("job %s rank %s: %s (exit code %s)", launch.job_id, launch.rank, result.outcome, result.exit_code)
+        self._report(rank)
+
+    def _flush_all(self) -> None:
+        self._flush_handle = None
+        for rank in self.ranks.values():
+            self._flush(rank)
+
+    def _flush(self, rank: _Rank) -> None:
+        for stream in ("stdout", "stderr"):
+            text = rank.pending[stream]
+            rank.pending[stream] = ""
+            for start in range(0, len(text), MAX_OUTPUT_CHUNK):
+                part = text[start : start + MAX_OUTPUT_CHUNK]
+                chunk = JobOutput(
+                    job_id=rank.launch.job_id,
+                    run=rank.launch.run,
+                    rank=rank.launch.rank,
+                    stream=stream,
+                    offset=rank.offsets[stream],
+                    data=part,
+                )
+                rank.offsets[stream] += len(part)
+                self._output.append(chunk.model_dump_json())
+                self._ready.set()
+
+    def _report(self, rank: _Rank) -> None:
+        if rank.result is not None:
+            self._send_control(_update(rank.launch, "exited", rank.result))
+        elif rank.started:
+            self._send_control(_update(rank.launch, "running"))
+
+    def _send_control(self, text: str) -> None:
+        self._control.append(text)
+        self._ready.set()
+
+    async def send_forever(self, send: SendText) -> None:
+        """Send queued reports, control first, for as long as the channel lasts (a failed send keeps the
+        message for the next channel)."""
+        while True:
+            self._ready.clear()
+            while self._control or self._output:
+                queue = self._control if self._control else self._output
+                await send(queue[0])
+                with contextlib.suppress(IndexError):  # cleared by a crash while sending
+                    queue.popleft()
+            await self._ready.wait()
+
+    async def close(self) -> None:
+        """The agent is stopping: the ranks' processes are killed (each executor's own cleanup)."""
+        tasks = [r.task for r in self.ranks.values() if r.task is not None and not r.task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _update(ref: RankRef, state: str, result: RankResult | None = None) -> str:
+    return JobUpdate(
+        job_id=ref.job_id,
+        run=ref.run,
+        rank=ref.rank,
+        state=state,
+        outcome=result.outcome if result else None,
+        exit_code=result.exit_code if result else None,
+        message=(result.message if result else "")[:512],
+    ).model_dump_json()

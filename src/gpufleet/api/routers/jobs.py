@@ -1,0 +1,124 @@
+"""Jobs on the built-in workload manager: submit, list, show, cancel, output; usage reports."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+
+from gpufleet.api.deps import Ctx, RowId, allow, tx
+from gpufleet.auth.policy import Permission, allowed
+from gpufleet.auth.schemas import Principal
+from gpufleet.core.errors import Forbidden, InvalidInput
+from gpufleet.jobs import accounting, lifecycle, output, queries, submission
+from gpufleet.jobs.models import Job, JobState
+from gpufleet.jobs.schemas import IdleGpu, JobDetail, JobOut, JobSubmit, OutputPage, UsageReport
+from gpufleet.monitoring import attribution
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+reports = APIRouter(prefix="/reports", tags=["jobs"])
+Read = Annotated[Principal, allow(Permission.JOBS_READ)]
+Submit = Annotated[Principal, allow(Permission.JOBS_SUBMIT)]
+
+
+def _admin(who: Principal) -> bool:
+    return allowed(who.role, Permission.JOBS_ADMIN, who.scope)
+
+
+def _reveal(who: Principal, job: Job) -> bool:
+    """The job's user and job admins see its command, environment and output."""
+    return _admin(who) or (who.user is not None and who.user == job.user)
+
+
+@router.post("", status_code=201)
+def submit_job(body: JobSubmit, request: Request, who: Submit, ctx: Ctx) -> JobDetail:
+    """Queue a job. Everything that can refuse it does so here, with the reason, before it is queued."""
+    limits = submission.Limits(ctx.settings.job_default_time_limit_s, ctx.settings.job_max_time_limit_s)
+    submitter = submission.Submitter(actor=who.actor, user=who.user, admin=_admin(who))
+    with tx(ctx) as db:
+        job = submission.submit(db, ctx.clock, submitter, body, limits)
+        out = queries.job_detail(job, reveal=True)
+    request.state.audit_target = f"job {out.id} ({out.nodes}x{out.gpus_per_node} GPUs, project {out.project})"
+    ctx.jobs.wake()
+    return out
+
+
+@router.get("")
+def list_jobs(
+    _: Read,
+    ctx: Ctx,
+    state: Annotated[list[JobState] | None, Query(description="only jobs in these states")] = None,
+    user: Annotated[str | None, Query(max_length=32)] = None,
+    project: Annotated[str | None, Query(max_length=63)] = None,
+    limit: Annotated[int, Query(ge=1, le=queries.MAX_LIST)] = 500,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[JobOut]:
+    """Running jobs first, then pending, then ended ones, newest first within each."""
+    with tx(ctx, readonly=True) as db:
+        found = queries.list_jobs(db, states=state or (), user=user, project=project, limit=limit, offset=offset)
+        return [queries.job_out(j) for j in found]
+
+
+@router.get("/{job_id}")
+def show_job(job_id: RowId, who: Read, ctx: Ctx) -> JobDetail:
+    with tx(ctx, readonly=True) as db:
+        job = lifecycle.get_job(db, job_id)
+        return queries.job_detail(job, reveal=_reveal(who, job))
+
+
+@router.post("/{job_id}/cancel")
+def cancel_job(job_id: RowId, request: Request, who: Submit, ctx: Ctx) -> JobDetail:
+    """End a pending or running job; its processes are killed (the whole tree) on every node."""
+    request.state.audit_target = f"job {job_id}"
+    with tx(ctx) as db:
+        job = lifecycle.cancel(db, ctx.clock, job_id, who.actor, user=who.user, admin=_admin(who))
+        out = queries.job_detail(job, reveal=True)
+    ctx.jobs.wake()
+    return out
+
+
+@router.get("/{job_id}/output")
+def job_output(
+    job_id: RowId,
+    who: Read,
+    ctx: Ctx,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="the last chunk id already read")] = 0,
+    limit: Annotated[int, Query(ge=1, le=output.MAX_PAGE)] = output.MAX_PAGE,
+    rank: Annotated[int | None, Query(ge=0, le=4095)] = None,
+) -> OutputPage:
+    """stdout and stderr in arrival order. Poll with `after=next_after` until `done` to follow a job."""
+    with tx(ctx, readonly=True) as db:
+        job = lifecycle.get_job(db, job_id)
+        if not _reveal(who, job):
+            raise Forbidden(f"the output of job {job_id} is for its user ({job.user}) and job admins")
+        return output.read(db, job, after=after, limit=limit, rank=rank)
+
+
+@reports.get("/usage")
+def usage(
+    _: Read,
+    ctx: Ctx,
+    since: Annotated[datetime, Query(description="start of the window (ISO 8601)")],
+    until: Annotated[datetime | None, Query(description="end of the window; default: now")] = None,
+    by: Annotated[str, Query(pattern="^(project|user|job)$")] = "project",
+) -> UsageReport:
+    """GPU-hours held within the window per project, user or job, with those jobs' mean GPU utilization."""
+    end = until.timestamp() if until is not None else ctx.clock.now()
+    if since.timestamp() >= end:
+        raise InvalidInput("since must be before until")
+    with tx(ctx, readonly=True) as db:
+        return accounting.usage_report(db, since.timestamp(), end, by)
+
+
+@reports.get("/idle-gpus")
+def idle_gpus(
+    _: Read,
+    ctx: Ctx,
+    below: Annotated[float, Query(ge=0, le=100, description="utilization under which a held GPU is idle, %")] = (
+        attribution.IDLE_UTIL_PCT
+    ),
+) -> list[IdleGpu]:
+    """GPUs that running jobs hold but hardly use, by their newest sample: the waste to chase first."""
+    with tx(ctx, readonly=True) as db:
+        return attribution.idle_gpus(db, ctx.clock.now(), ctx.settings.metrics_interval_s, below)

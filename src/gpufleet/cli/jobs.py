@@ -1,0 +1,328 @@
+"""gpufleet job submit|list|show|cancel|logs, and gpufleet report usage|idle"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import re
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpufleet.cli.output import Format, OutputOpt, fields, print_json, table
+from gpufleet.cli.state import state
+from gpufleet.core.durations import parse_duration
+from gpufleet.core.errors import InvalidInput
+from gpufleet.core.hostlist import collect
+
+app = typer.Typer(help="Jobs on the built-in scheduler: submit, follow, cancel.", no_args_is_help=True)
+report_app = typer.Typer(
+    help="Reports: GPU-hours per project, user or job; idle GPUs held by jobs.", no_args_is_help=True
+)
+
+ACTIVE = ["running", "pending"]
+LIST_COLUMNS = [
+    ("id", "ID"),
+    ("name", "Name"),
+    ("user", "User"),
+    ("project", "Project"),
+    ("state", "State"),
+    ("shape", "GPUs"),
+    ("elapsed", "Time"),
+    ("where", "Nodes / reason"),
+]
+SHOW_FIELDS = [
+    ("id", "Job"),
+    ("name", "Name"),
+    ("user", "User"),
+    ("project", "Project"),
+    ("state", "State"),
+    ("reason", "Reason"),
+    ("shape", "Asked"),
+    ("time_limit", "Time limit"),
+    ("priority", "Priority"),
+    ("command", "Command"),
+    ("container", "Container"),
+    ("workdir", "Workdir"),
+    ("where", "Nodes (GPUs)"),
+    ("run", "Run"),
+    ("submitted_at", "Submitted"),
+    ("started_at", "Started"),
+    ("ended_at", "Ended"),
+    ("exit_code", "Exit code"),
+    ("gpu_hours", "GPU-hours"),
+    ("mean_gpu_util", "Mean GPU util %"),
+    ("submitted_by", "Submitted by"),
+]
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)i?b?$")
+_SIZE_MIB = {"k": 1 / 1024, "": 1, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def parse_mem(text: str) -> int:
+    """MiB in a size such as 512M, 16G or 1T (a bare number is MiB). Raises InvalidInput."""
+    match = _SIZE.match(text.strip().lower())
+    if not match:
+        raise InvalidInput(f"invalid memory size {text!r}: e.g. 512M, 16G, 1T")
+    return max(int(float(match.group(1)) * _SIZE_MIB[match.group(2)]), 1)
+
+
+def parse_time(text: str) -> int:
+    """Seconds in 90m / 4h / 2d, or Slurm's [D-]HH:MM:SS / MM:SS, or a bare number of minutes (as sbatch)."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text) * 60
+    clock = re.match(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$", text)
+    if clock:
+        days, hours, minutes, seconds = (int(g) if g else 0 for g in clock.groups())
+        total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+        if total > 0:
+            return total
+    return parse_duration(text)
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise InvalidInput(f"invalid --env {pair!r}: use NAME=VALUE")
+        env[name] = value
+    return env
+
+
+def _elapsed(job: dict[str, Any]) -> str:
+    start = job.get("started_at")
+    limit = _hms(job["time_limit_s"])
+    if not start:
+        return f"- / {limit}"
+    end = job.get("ended_at")
+    began = datetime.fromisoformat(start)
+    stop = datetime.fromisoformat(end) if end else datetime.now(UTC)
+    return f"{_hms((stop - began).total_seconds())} / {limit}"
+
+
+def _hms(seconds: float) -> str:
+    seconds = max(int(seconds), 0)
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def _where(job: dict[str, Any]) -> str:
+    reason = str(job["reason"])
+    if job["state"] == "pending":
+        return reason
+    allocation = job.get("allocation") or {}
+    if job["state"] == "running" or not reason:
+        return collect(list(allocation)) if allocation else ""
+    return reason
+
+
+def _row(job: dict[str, Any]) -> dict[str, Any]:
+    return job | {
+        "shape": f"{job['nodes']}x{job['gpus_per_node']}",
+        "elapsed": _elapsed(job),
+        "where": _where(job),
+        "project": job["project"] or "-",
+    }
+
+
+@app.command(
+    "submit", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, no_args_is_help=True
+)
+def submit(
+    ctx: typer.Context,
+    project: Annotated[str | None, typer.Option(help="project to charge (default: your only one)")] = None,
+    nodes: Annotated[int, typer.Option(min=1, help="nodes, all started together (a gang)")] = 1,
+    gpus_per_node: Annotated[int, typer.Option(min=0, help="GPUs on each node")] = 1,
+    cpus: Annotated[int, typer.Option(min=0, help="CPUs on each node (0: no limit)")] = 0,
+    mem: Annotated[str | None, typer.Option(help="memory on each node, e.g. 64G")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time", help="time limit: 90m, 4h, 2d or [D-]HH:MM:SS")] = None,
+    priority: Annotated[int, typer.Option(help="higher runs first; above 0 needs a job admin")] = 0,
+    container: Annotated[str | None, typer.Option(help="container image to run in")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="NAME=VALUE, repeatable")] = None,
+    workdir: Annotated[str | None, typer.Option(help="absolute working directory on the nodes")] = None,
+    name: Annotated[str, typer.Option(help="a name to find the job by")] = "",
+    category: Annotated[str | None, typer.Option(help="run only on nodes of this category")] = None,
+    requeue: Annotated[bool, typer.Option(help="run again elsewhere if a node fails")] = False,
+    user: Annotated[str | None, typer.Option(help="run as this user (job admins only)")] = None,
+    script: Annotated[Path | None, typer.Option(help="a script file to run with /bin/sh")] = None,
+    output: Format = OutputOpt,
+) -> None:
+    """Submit a job: gpufleet job submit [OPTIONS] -- COMMAND [ARGS]... (or --script FILE)."""
+    argv = list(ctx.args)
+    if argv and argv[0].startswith("-"):
+        raise InvalidInput(f"unknown option {argv[0]}; put the command after --")
+    body: dict[str, Any] = {
+        "name": name,
+        "project": project,
+        "user": user,
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "cpus_per_node": cpus,
+        "mem_per_node_mib": parse_mem(mem) if mem else 0,
+        "time_limit_s": parse_time(time_limit) if time_limit else None,
+        "priority": priority,
+        "argv": argv,
+        "script": _read_script(script) if script else None,
+        "env": parse_env(env or []),
+        "workdir": workdir,
+        "container": container,
+        "category": category,
+        "requeue": requeue,
+    }
+    job = state(ctx).client().submit_job(body)
+    if output is Format.json:
+        print_json(job)
+    else:
+        typer.echo(f"submitted job {job['id']} ({job['state']}: {job['reason']})")
+
+
+def _read_script(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read the script {path}: {exc}") from None
+
+
+@app.command("list")
+def list_(
+    ctx: typer.Context,
+    state_: Annotated[list[str] | None, typer.Option("--state", help="pending, running, completed, ...")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="ended jobs too")] = False,
+    user: Annotated[str | None, typer.Option(help="only this user's jobs")] = None,
+    project: Annotated[str | None, typer.Option(help="only this project's jobs")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=5000)] = 200,
+    output: Format = OutputOpt,
+) -> None:
+    """The queue: running and pending jobs (with --all, ended ones too), with why each waits."""
+    states = state_ or ([] if all_ else ACTIVE)
+    jobs = state(ctx).client().list_jobs(states, user, project, limit)
+    if output is Format.json:
+        print_json(jobs)
+        return
+    running = sum(j["state"] == "running" for j in jobs)
+    pending = sum(j["state"] == "pending" for j in jobs)
+    table([_row(j) for j in jobs], LIST_COLUMNS, title=f"{len(jobs)} jobs: {running} running, {pending} pending")
+
+
+@app.command("show")
+def show(ctx: typer.Context, job_id: int, output: Format = OutputOpt) -> None:
+    """One job: its request, where it runs, how it ended, its ranks."""
+    job = state(ctx).client().show_job(job_id)
+    if output is Format.json:
+        print_json(job)
+        return
+    command = " ".join(job["argv"]) if job.get("argv") else ("(script)" if job.get("script") else "(hidden)")
+    allocation = job.get("allocation") or {}
+    extra = {
+        "shape": f"{job['nodes']} node(s) x {job['gpus_per_node']} GPU(s)"
+        + (f", {job['cpus_per_node']} CPUs" if job["cpus_per_node"] else "")
+        + (f", {job['mem_per_node_mib']} MiB" if job["mem_per_node_mib"] else ""),
+        "time_limit": _hms(job["time_limit_s"]),
+        "command": command,
+        "where": "  ".join(f"{n}({','.join(map(str, g))})" for n, g in allocation.items()),
+        "gpu_hours": round(job["gpu_seconds"] / 3600, 3),
+    }
+    fields(job | extra, SHOW_FIELDS)
+    if job["ranks"]:
+        ranks = [r | {"gpus": ",".join(map(str, r["gpu_indexes"]))} for r in job["ranks"]]
+        columns = [("run", "Run"), ("rank", "Rank"), ("node", "Node"), ("gpus", "GPUs"), ("state", "State")]
+        columns += [("outcome", "Outcome"), ("exit_code", "Exit"), ("message", "Message")]
+        table(ranks, columns, title="Ranks")
+
+
+@app.command("cancel")
+def cancel(ctx: typer.Context, job_ids: list[int], output: Format = OutputOpt) -> None:
+    """Cancel jobs: pending ones never start, running ones are killed (the whole process tree)."""
+    client = state(ctx).client()
+    done = [client.cancel_job(job_id) for job_id in job_ids]
+    if output is Format.json:
+        print_json(done)
+        return
+    for job in done:
+        typer.echo(f"job {job['id']}: {job['state']} ({job['reason']})")
+
+
+@app.command("logs")
+def logs(
+    ctx: typer.Context,
+    job_id: int,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
+    rank: Annotated[int | None, typer.Option(help="only this rank's output (default: all)")] = None,
+    poll_s: Annotated[float, typer.Option(hidden=True, min=0.05)] = 1.0,
+) -> None:
+    """A job's stdout (to stdout) and stderr (to stderr), as kept on the head."""
+    client = state(ctx).client()
+    after = 0
+    while True:
+        page = client.job_output(job_id, after, rank)
+        for chunk in page["chunks"]:
+            stream = sys.stderr if chunk["stream"] == "stderr" else sys.stdout
+            stream.write(chunk["data"])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        after = page["next_after"]
+        if not follow or page["done"]:
+            return
+        if not page["chunks"]:
+            time.sleep(poll_s)
+
+
+class ReportFormat(enum.StrEnum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+
+
+@report_app.command("usage")
+def usage(
+    ctx: typer.Context,
+    since: Annotated[str, typer.Option(help="how far back: 30d, 12h, 2w")] = "30d",
+    by: Annotated[str, typer.Option(help="project, user or job")] = "project",
+    output: Annotated[ReportFormat, typer.Option("--output", "-o", help="table, json or csv")] = ReportFormat.table,
+) -> None:
+    """GPU-hours per project, user or job over a window, with the jobs' mean GPU utilization."""
+    if by not in ("project", "user", "job"):
+        raise InvalidInput(f"--by must be project, user or job, not {by!r}")
+    start = datetime.now(UTC) - timedelta(seconds=parse_duration(since))
+    report = state(ctx).client().usage_report(start, by)
+    rows = report["rows"]
+    if output is ReportFormat.json:
+        print_json(report)
+    elif output is ReportFormat.csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow([by, "jobs", "gpu_hours", "mean_gpu_util"])
+        for r in rows:
+            writer.writerow(
+                [r["key"], r["jobs"], r["gpu_hours"], "" if r["mean_gpu_util"] is None else r["mean_gpu_util"]]
+            )
+    else:
+        total = sum(r["gpu_hours"] for r in rows)
+        columns = [
+            ("key", by.capitalize()),
+            ("jobs", "Jobs"),
+            ("gpu_hours", "GPU-hours"),
+            ("mean_gpu_util", "Mean GPU util %"),
+        ]
+        table(rows, columns, title=f"GPU usage since {report['since'][:19]}: {total:.2f} GPU-hours")
+
+
+@report_app.command("idle")
+def idle(
+    ctx: typer.Context,
+    below: Annotated[float, typer.Option(min=0, max=100, help="utilization under which a GPU is idle, %")] = 5.0,
+    output: Format = OutputOpt,
+) -> None:
+    """GPUs that running jobs hold but hardly use."""
+    gpus = state(ctx).client().idle_gpus(below)
+    if output is Format.json:
+        print_json(gpus)
+        return
+    columns = [("job_id", "Job"), ("user", "User"), ("project", "Project"), ("node", "Node"), ("gpu", "GPU")]
+    columns += [("gpu_util", "Util %"), ("held_since", "Held since")]
+    table(gpus, columns, title=f"{len(gpus)} idle GPU(s) held by running jobs (under {below:g}% utilization)")

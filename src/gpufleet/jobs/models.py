@@ -1,0 +1,134 @@
+"""Tables of the built-in workload manager: jobs, their ranks (one per node of a run), and their output."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+from sqlalchemy import JSON, Boolean, Enum, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from gpufleet.core.db import Base, UTCDateTime, enum_values
+
+
+class JobState(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    NODE_FAIL = "node_fail"
+
+
+FINAL_STATES = frozenset(
+    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.NODE_FAIL}
+)
+
+
+class RankState(enum.StrEnum):
+    ASSIGNED = "assigned"  # placed; job_start not yet confirmed by the agent
+    RUNNING = "running"  # the agent said its processes run
+    EXITED = "exited"  # the agent said they are all gone (or it lost them): the GPUs are free again
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), default="")
+    user: Mapped[str] = mapped_column(String(32), index=True)  # runs as this cluster user
+    project: Mapped[str | None] = mapped_column(String(63), index=True, default=None)
+    submitted_by: Mapped[str] = mapped_column(String(160))  # the actor, for the audit trail
+    state: Mapped[JobState] = mapped_column(
+        Enum(JobState, native_enum=False, length=16, values_callable=enum_values), index=True
+    )
+    # Why it waits (quota, budget, resources, priority, unschedulable) or how it ended.
+    reason: Mapped[str] = mapped_column(String(512), default="")
+    # The request.
+    nodes: Mapped[int] = mapped_column(Integer, default=1)
+    gpus_per_node: Mapped[int] = mapped_column(Integer, default=1)
+    cpus_per_node: Mapped[int] = mapped_column(Integer, default=0)
+    mem_per_node_mib: Mapped[int] = mapped_column(Integer, default=0)
+    time_limit_s: Mapped[float] = mapped_column(Float)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    category: Mapped[str | None] = mapped_column(String(64), default=None)  # run only on this category's nodes
+    argv: Mapped[list[str]] = mapped_column(JSON, default=list)
+    script: Mapped[str | None] = mapped_column(Text, default=None)
+    env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    workdir: Mapped[str | None] = mapped_column(String(1024), default=None)
+    container: Mapped[str | None] = mapped_column(String(512), default=None)
+    requeue: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The current run: 0 before the first start; a requeue starts run + 1 on other nodes.
+    run: Mapped[int] = mapped_column(Integer, default=0)
+    allocation: Mapped[dict[str, list[int]] | None] = mapped_column(JSON, default=None)
+    submitted_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None, index=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Accounting: GPU-seconds held over all runs, and what the GPUs' samples said of their use
+    # (monitoring.attribution): sampled GPU-seconds, and those weighted by utilization.
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    sampled_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    busy_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    output_chars: Mapped[int] = mapped_column(Integer, default=0)
+
+    ranks: Mapped[list[JobRank]] = relationship(
+        back_populates="job", cascade="all, delete-orphan", order_by="(JobRank.run, JobRank.rank)", lazy="selectin"
+    )
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def mean_gpu_util(self) -> float | None:
+        """Percent, over the samples of its GPUs while it held them; None before any sample."""
+        if self.sampled_gpu_seconds <= 0:
+            return None
+        return round(100.0 * self.busy_gpu_seconds / self.sampled_gpu_seconds, 1)
+
+
+class JobRank(Base):
+    """One node's share of one run. It holds its GPUs until its agent says its processes are gone."""
+
+    __tablename__ = "job_ranks"
+    __table_args__ = (UniqueConstraint("job_id", "run", "rank"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    run: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="SET NULL"), index=True)
+    node: Mapped[str] = mapped_column(String(64))
+    gpu_indexes: Mapped[list[int]] = mapped_column(JSON, default=list)
+    gpu_uuids: Mapped[list[str]] = mapped_column(JSON, default=list)
+    state: Mapped[RankState] = mapped_column(
+        Enum(RankState, native_enum=False, length=16, values_callable=enum_values), index=True
+    )
+    outcome: Mapped[str | None] = mapped_column(String(16), default=None)
+    exit_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    message: Mapped[str] = mapped_column(String(512), default="")
+    assigned_at: Mapped[datetime] = mapped_column(UTCDateTime())  # it holds its GPUs from here until ended_at
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # Delivery: when job_start and job_cancel were last sent (resent until the agent answers).
+    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    cancel: Mapped[str | None] = mapped_column(String(256), default=None)  # why it must stop, if it must
+    cancel_sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+
+    job: Mapped[Job] = relationship(back_populates="ranks")
+
+
+class JobOutputChunk(Base):
+    __tablename__ = "job_output"
+    __table_args__ = (UniqueConstraint("job_id", "run", "rank", "stream", "offset"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    run: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    stream: Mapped[str] = mapped_column(String(8))
+    offset: Mapped[int] = mapped_column(Integer)
+    data: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(UTCDateTime())

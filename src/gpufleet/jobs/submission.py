@@ -1,0 +1,150 @@
+"""Submitting a job: every check that can refuse it happens here, before anything is written.
+
+Refused at submit (InvalidInput / NotFound / Forbidden, with the reason): malformed specs (the schema),
+unknown or disabled users, unknown projects or ones the user is not a member of, requests no set of
+nodes in the inventory could ever hold, and requests over the project's quota as a whole (more GPUs
+than its `max_gpus`, or a worst case, GPUs x time limit, over its whole GPU-hour budget). A job that is
+only over what the project has *left* right now is accepted and waits with reason `quota` or `budget`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpufleet.auth.models import User
+from gpufleet.auth.projects import Project, ProjectMember, get_project
+from gpufleet.auth.users import get_user
+from gpufleet.core.clock import Clock, to_datetime
+from gpufleet.core.errors import Forbidden, InvalidInput
+from gpufleet.inventory.models import Node
+from gpufleet.jobs.models import Job, JobState
+from gpufleet.jobs.schemas import JobSubmit
+
+
+@dataclass(frozen=True)
+class Submitter:
+    actor: str  # for the audit trail
+    user: str | None  # the calling user; None for a token that belongs to no user
+    admin: bool  # holds jobs:admin: may submit as anyone, to any project, with a raised priority
+
+
+@dataclass(frozen=True)
+class Limits:
+    default_time_limit_s: float
+    max_time_limit_s: float
+
+
+def submit(session: Session, clock: Clock, who: Submitter, spec: JobSubmit, limits: Limits) -> Job:
+    run_as = _run_as(session, who, spec)
+    project = _project(session, who, run_as, spec)
+    time_limit = spec.time_limit_s if spec.time_limit_s is not None else limits.default_time_limit_s
+    if time_limit > limits.max_time_limit_s:
+        raise InvalidInput(f"time limit {time_limit:.0f}s is over the cluster's maximum {limits.max_time_limit_s:.0f}s")
+    if spec.priority > 0 and not who.admin:
+        raise Forbidden("only job admins may raise a job's priority above 0")
+    check_capacity(session, spec)
+    if project is not None:
+        _check_quota(session, project, spec.nodes * spec.gpus_per_node, time_limit)
+    job = Job(
+        name=spec.name or (spec.argv[0].rsplit("/", 1)[-1] if spec.argv else "script"),
+        user=run_as,
+        project=project,
+        submitted_by=who.actor,
+        state=JobState.PENDING,
+        reason="submitted: waiting for the scheduler",
+        nodes=spec.nodes,
+        gpus_per_node=spec.gpus_per_node,
+        cpus_per_node=spec.cpus_per_node,
+        mem_per_node_mib=spec.mem_per_node_mib,
+        time_limit_s=time_limit,
+        priority=spec.priority,
+        category=spec.category,
+        argv=list(spec.argv),
+        script=spec.script,
+        env=dict(spec.env),
+        workdir=spec.workdir,
+        container=spec.container,
+        requeue=spec.requeue,
+        submitted_at=to_datetime(clock.now()),
+    )
+    session.add(job)
+    session.flush()
+    return job
+
+
+def _run_as(session: Session, who: Submitter, spec: JobSubmit) -> str:
+    name = spec.user or who.user
+    if name is None:
+        raise InvalidInput("this token belongs to no user, so a job needs --user (the account it runs as)")
+    if name != who.user and not who.admin:
+        raise Forbidden("only job admins may submit jobs as another user")
+    user = get_user(session, name)  # NotFound for an unknown user
+    if not user.enabled:
+        raise InvalidInput(f"user {name} is disabled")
+    return name
+
+
+def _project(session: Session, who: Submitter, user: str, spec: JobSubmit) -> str | None:
+    """The project to charge: the one named, else the user's only project, else none (a user in no project)."""
+    if spec.project is None:
+        mine = list(
+            session.scalars(
+                select(Project.name)
+                .join(ProjectMember, ProjectMember.project_id == Project.id)
+                .join(User, User.id == ProjectMember.user_id)
+                .where(User.username == user)
+            )
+        )
+        if len(mine) > 1:
+            raise InvalidInput(f"user {user} is in several projects ({', '.join(sorted(mine))}): pass --project")
+        return mine[0] if mine else None
+    project = get_project(session, spec.project)  # NotFound for an unknown project
+    if not who.admin and all(m.user.username != user for m in project.members):
+        raise Forbidden(f"user {user} is not a member of project {project.name}")
+    return project.name
+
+
+def check_capacity(session: Session, spec: JobSubmit) -> None:
+    """Refuse a request that no `nodes` nodes of the inventory could hold even when idle."""
+    # expected_gpus, not the GPUs present: a GPU that fell off the bus comes back after a repair.
+    query = select(Node.expected_gpus, Node.cpus, Node.memory_total_mib)
+    if spec.category is not None:
+        query = query.where(Node.category == spec.category)
+    fitting = 0
+    most_gpus = 0
+    for gpus, cpus, mem in session.execute(query):
+        most_gpus = max(most_gpus, gpus)
+        if gpus < spec.gpus_per_node:
+            continue
+        if spec.cpus_per_node and cpus is not None and cpus < spec.cpus_per_node:
+            continue
+        if spec.mem_per_node_mib and mem is not None and mem < spec.mem_per_node_mib:
+            continue
+        fitting += 1
+    if fitting >= spec.nodes:
+        return
+    where = f" in category {spec.category}" if spec.category else ""
+    asked = f"{spec.nodes} node(s) with {spec.gpus_per_node} GPU(s)"
+    if spec.cpus_per_node:
+        asked += f", {spec.cpus_per_node} CPUs"
+    if spec.mem_per_node_mib:
+        asked += f", {spec.mem_per_node_mib} MiB"
+    raise InvalidInput(
+        f"no node set can hold this job: it asks for {asked} each, and {fitting} node(s){where} could"
+        f" (the largest has {most_gpus} GPU(s))"
+    )
+
+
+def _check_quota(session: Session, name: str, gpus: int, time_limit_s: float) -> None:
+    project = get_project(session, name)
+    if project.max_gpus is not None and gpus > project.max_gpus:
+        raise InvalidInput(f"the job asks for {gpus} GPUs, over project {name}'s quota of {project.max_gpus} at once")
+    worst = gpus * time_limit_s / 3600.0
+    if project.gpu_hours_budget is not None and worst > project.gpu_hours_budget:
+        raise InvalidInput(
+            f"the job may use {worst:.1f} GPU-hours (GPUs x time limit), over project {name}'s whole budget of"
+            f" {project.gpu_hours_budget:.1f} per {project.budget_period.value}"
+        )

@@ -1,0 +1,80 @@
+"""GPU samples attributed to the jobs that held the GPUs: per-job utilization, and idle GPUs held by jobs.
+
+Every `pass` (the leader's, every ATTRIBUTION_INTERVAL_S) reads each node's newest sample once
+(`fleet.latest_gpu_values`) and, for every running rank, adds to its job the GPU-seconds since the last
+pass that a fresh sample covers (`sampled_gpu_seconds`) and those weighted by the GPUs' utilization
+(`busy_gpu_seconds`). Their ratio is the job's mean GPU utilization; summed per user or project it is
+the usage report's. A GPU whose node sent no sample lately is not counted either way, so a silent node
+neither inflates nor deflates a job's figure.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpufleet.jobs.models import Job, JobRank, JobState, RankState
+from gpufleet.jobs.schemas import IdleGpu
+from gpufleet.monitoring.fleet import latest_gpu_values
+
+ATTRIBUTION_INTERVAL_S = 10.0
+# A sample older than this many metric intervals no longer says what a GPU is doing now.
+FRESH_INTERVALS = 3
+IDLE_UTIL_PCT = 5.0  # below this, a GPU a job holds counts as idle (the dashboard's threshold too)
+
+
+def _running_ranks(session: Session) -> list[tuple[JobRank, Job]]:
+    rows = session.execute(
+        select(JobRank, Job)
+        .join(Job, Job.id == JobRank.job_id)
+        .where(JobRank.state == RankState.RUNNING, Job.state == JobState.RUNNING, JobRank.run == Job.run)
+    )
+    return [(rank, job) for rank, job in rows]
+
+
+def attribute(session: Session, now: float, elapsed_s: float, metrics_interval_s: float) -> int:
+    """Charge `elapsed_s` of sampled and busy GPU time to every running job. Returns the GPUs counted."""
+    if elapsed_s <= 0:
+        return 0
+    latest = latest_gpu_values(session, now - FRESH_INTERVALS * metrics_interval_s)
+    counted = 0
+    for rank, job in _running_ranks(session):
+        values = latest.get(rank.node_id or -1, {})
+        for index in rank.gpu_indexes:
+            util = values.get(f"gpu:{index}", {}).get("gpu_util")
+            if util is None:
+                continue
+            job.sampled_gpu_seconds += elapsed_s
+            job.busy_gpu_seconds += elapsed_s * min(max(util, 0.0), 100.0) / 100.0
+            counted += 1
+    session.flush()
+    return counted
+
+
+def idle_gpus(
+    session: Session, now: float, metrics_interval_s: float, below_pct: float = IDLE_UTIL_PCT
+) -> list[IdleGpu]:
+    """GPUs that running jobs hold and do not use: their newest fresh sample is under `below_pct` utilization."""
+    latest = latest_gpu_values(session, now - FRESH_INTERVALS * metrics_interval_s)
+    out = []
+    for rank, job in _running_ranks(session):
+        values = latest.get(rank.node_id or -1, {})
+        for index in rank.gpu_indexes:
+            util = values.get(f"gpu:{index}", {}).get("gpu_util")
+            if util is not None and util < below_pct:
+                since: datetime = rank.started_at or rank.assigned_at
+                out.append(
+                    IdleGpu(
+                        job_id=job.id,
+                        user=job.user,
+                        project=job.project,
+                        node=rank.node,
+                        gpu=index,
+                        gpu_util=util,
+                        held_since=since,
+                    )
+                )
+    out.sort(key=lambda g: (g.held_since, g.job_id, g.node, g.gpu))
+    return out

@@ -1,0 +1,181 @@
+"""The built-in workload manager's loops on the head: schedule, dispatch, store output, attribute.
+
+- the leader schedules every `scheduler_interval_s`, and at once after a submit or a rank's end
+  (`wake`): `jobs.tick.run_tick`;
+- every replica sends the starts and cancels due for the nodes whose channels it holds
+  (`jobs.dispatch.outgoing`), every half second and at once after a scheduling pass;
+- agents' output is buffered from the channels and written in batches;
+- the leader attributes GPU samples to running jobs every ten seconds (`monitoring.attribution`).
+
+Database work runs on a thread of its own, apart from the heartbeat and monitoring loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpufleet.core.clock import Clock
+from gpufleet.core.config import Settings
+from gpufleet.core.db import transaction
+from gpufleet.core.loops import run_periodic
+from gpufleet.jobs import dispatch, lifecycle, output
+from gpufleet.jobs.scheduler import Policy
+from gpufleet.jobs.tick import TickResult, TickSettings, run_tick
+from gpufleet.monitoring import attribution
+from gpufleet.protocol.jobs import JobHeld, JobOutput, JobUpdate
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+DISPATCH_S = 0.5
+OUTPUT_FLUSH_S = 0.5
+MAX_BUFFERED_CHUNKS = 10_000  # beyond it the oldest chunks are dropped (the node's spool keeps them)
+
+
+def tick_settings(settings: Settings) -> TickSettings:
+    return TickSettings(
+        policy=Policy(
+            placement=dict(settings.scheduler_placement_by_category),  # type: ignore[arg-type]
+            default=settings.scheduler_placement,  # type: ignore[arg-type]
+            backfill=settings.scheduler_backfill,
+        ),
+        half_life_s=settings.fair_share_half_life_s,
+        max_requeues=settings.job_max_requeues,
+    )
+
+
+@dataclass
+class JobLoops:
+    settings: Settings
+    sessions: sessionmaker[Session]
+    clock: Clock
+    is_leader: Callable[[], bool]
+    nodes_here: Callable[[], list[int]] = lambda: []  # node ids whose channels this replica holds
+    send: Callable[[int, str], None] = lambda _node_id, _text: None  # from any thread
+    _output: list[tuple[int, JobOutput]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _schedule_now: asyncio.Event | None = None
+    _dispatch_now: asyncio.Event | None = None
+    _last_attribution: float | None = None
+    dropped_chunks: int = 0
+
+    def wake(self) -> None:
+        """Schedule (and dispatch) now rather than at the next interval. Callable from any thread."""
+        loop, schedule_now, dispatch_now = self._loop, self._schedule_now, self._dispatch_now
+        if loop is None or schedule_now is None or dispatch_now is None or loop.is_closed():
+            return
+        loop.call_soon_threadsafe(schedule_now.set)
+        loop.call_soon_threadsafe(dispatch_now.set)
+
+    # -- called from the agent channels -------------------------------------------------------------
+    def record_update(self, node_id: int, update: JobUpdate) -> bool:
+        """In a worker thread: durable before the channel acknowledges it."""
+        with transaction(self.sessions) as session:
+            recorded = lifecycle.rank_update(session, self.clock, node_id, update, self.settings.job_max_requeues)
+        if update.state == "exited":
+            self.wake()
+        return recorded
+
+    def record_held(self, node_id: int, held: JobHeld) -> None:
+        with transaction(self.sessions) as session:
+            lifecycle.ranks_held(session, self.clock, node_id, held.ranks, self.settings.job_max_requeues)
+        self.wake()
+
+    def output(self, node_id: int, chunk: JobOutput) -> None:
+        """On the event loop: buffered, written by the flush loop."""
+        with self._lock:
+            self._output.append((node_id, chunk))
+            excess = len(self._output) - MAX_BUFFERED_CHUNKS
+            if excess > 0:
+                del self._output[:excess]
+                self.dropped_chunks += excess
+
+    # -- one pass of each loop (what the tests call) ------------------------------------------------
+    def schedule_once(self) -> TickResult | None:
+        if not self.is_leader():
+            return None
+        with transaction(self.sessions) as session:
+            result = run_tick(session, self.clock, tick_settings(self.settings))
+        for job_id in result.ended:
+            log.info("job %s ended by the scheduler (node failure or time limit)", job_id)
+        if result.placed:
+            log.info("placed job(s) %s", ", ".join(map(str, result.placed)))
+        return result
+
+    def dispatch_once(self, nodes: list[int] | None = None) -> int:
+        """`nodes`: read on the event loop, which owns the channel table; None reads it here (tests)."""
+        nodes = self.nodes_here() if nodes is None else nodes
+        if not nodes:
+            return 0
+        with transaction(self.sessions) as session:
+            messages = dispatch.outgoing(session, self.clock, nodes)
+        for node_id, message in messages:
+            self.send(node_id, message.model_dump_json())
+        return len(messages)
+
+    def flush_output_once(self) -> int:
+        with self._lock:
+            pending, self._output = self._output, []
+        if not pending:
+            return 0
+        with transaction(self.sessions) as session:
+            return output.store(session, self.clock, pending, self.settings.job_output_max_chars)
+
+    def attribute_once(self) -> int:
+        now = self.clock.now()
+        last, self._last_attribution = self._last_attribution, now
+        if not self.is_leader() or last is None:
+            return 0
+        # A long gap (a new leader, a stalled loop) is not charged as if sampled throughout.
+        elapsed = min(now - last, 3 * attribution.ATTRIBUTION_INTERVAL_S)
+        with transaction(self.sessions) as session:
+            return attribution.attribute(session, now, elapsed, self.settings.metrics_interval_s)
+
+    # -- the loops ----------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._schedule_now = asyncio.Event()
+        self._dispatch_now = asyncio.Event()
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jobs")
+
+        async def in_thread(call: Callable[[], T]) -> T:
+            return await asyncio.get_running_loop().run_in_executor(executor, call)
+
+        async def schedule_step() -> None:
+            result = await in_thread(self.schedule_once)
+            if result is not None and (result.placed or result.ended) and self._dispatch_now is not None:
+                self._dispatch_now.set()
+
+        async def dispatch_step() -> None:
+            nodes = self.nodes_here()
+            await in_thread(lambda: self.dispatch_once(nodes))
+
+        async def flush_step() -> None:
+            await in_thread(self.flush_output_once)
+
+        async def attribute_step() -> None:
+            await in_thread(self.attribute_once)
+
+        try:
+            await asyncio.gather(
+                run_periodic(
+                    "scheduler", self.settings.scheduler_interval_s, schedule_step, stop, wake=self._schedule_now
+                ),
+                run_periodic("job-dispatch", DISPATCH_S, dispatch_step, stop, wake=self._dispatch_now),
+                run_periodic("job-output", OUTPUT_FLUSH_S, flush_step, stop),
+                run_periodic("job-attribution", attribution.ATTRIBUTION_INTERVAL_S, attribute_step, stop),
+            )
+        finally:
+            try:
+                await in_thread(self.flush_output_once)
+            except Exception:
+                log.exception("final job output flush failed")
+            executor.shutdown(wait=False)

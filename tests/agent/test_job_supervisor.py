@@ -1,0 +1,139 @@
+"""The agent's job supervisor over a scripted executor: idempotent starts, cancels, reports re-sent
+until acknowledged, output coalesced by offset, and ranks lost with a crashed node."""
+
+import asyncio
+import json
+from typing import Any
+
+from gpufleet.agent.jobs.ports import OnOutput, OnStarted, RankResult
+from gpufleet.agent.jobs.supervisor import JobSupervisor
+from gpufleet.protocol.jobs import MAX_OUTPUT_CHUNK, JobAck, JobCancel, JobStart
+
+
+class Scripted:
+    """Runs each rank until released (or cancelled); writes what the test asks it to."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.release: dict[int, asyncio.Event] = {}
+        self.outputs: dict[int, OnOutput] = {}
+
+    async def run(
+        self, launch: JobStart, on_started: OnStarted, on_output: OnOutput, cancel: asyncio.Event
+    ) -> RankResult:
+        self.runs += 1
+        done = self.release.setdefault(launch.job_id, asyncio.Event())
+        self.outputs[launch.job_id] = on_output
+        on_started()
+        stop = asyncio.ensure_future(cancel.wait())
+        end = asyncio.ensure_future(done.wait())
+        await asyncio.wait({stop, end}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        end.cancel()
+        if cancel.is_set():
+            return RankResult("cancelled", -15, "killed")
+        return RankResult("completed", 0)
+
+
+def _start(job_id: int) -> JobStart:
+    return JobStart(job_id=job_id, run=1, rank=0, world_size=1, user="alice", argv=["true"], time_limit_s=60)
+
+
+async def _drain(sup: JobSupervisor) -> list[dict[str, Any]]:
+    sent: list[str] = []
+
+    async def send(text: str) -> None:
+        sent.append(text)
+
+    task = asyncio.create_task(sup.send_forever(send))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    return [json.loads(t) for t in sent]
+
+
+def test_a_start_runs_once_and_its_end_is_resent_until_acknowledged() -> None:
+    asyncio.run(_a_start_runs_once_and_its_end_is_resent_until_acknowledged())
+
+
+async def _a_start_runs_once_and_its_end_is_resent_until_acknowledged() -> None:
+    executor = Scripted()
+    sup = JobSupervisor(executor, flush_s=0.01)
+    sup.start(_start(1))
+    await asyncio.sleep(0)
+    sup.start(_start(1))  # resent by the head: no second run
+    executor.release[1].set()
+    await asyncio.sleep(0.02)
+    assert executor.runs == 1
+    first = await _drain(sup)
+    assert [(m["type"], m.get("state"), m.get("outcome")) for m in first] == [
+        ("job_update", "running", None),
+        ("job_update", "running", None),
+        ("job_update", "exited", "completed"),
+    ]
+    sup.connected()  # a reconnect: the end again, then what is held (nothing)
+    again = await _drain(sup)
+    assert [(m["type"], m.get("outcome")) for m in again] == [("job_update", "completed"), ("job_held", None)]
+    assert again[1]["ranks"] == []
+    sup.acknowledged(JobAck(job_id=1, run=1, rank=0))
+    sup.connected()
+    assert [m["type"] for m in await _drain(sup)] == ["job_held"]
+
+
+def test_cancel_stops_a_rank_and_answers_for_one_it_never_ran() -> None:
+    asyncio.run(_cancel_stops_a_rank_and_answers_for_one_it_never_ran())
+
+
+async def _cancel_stops_a_rank_and_answers_for_one_it_never_ran() -> None:
+    executor = Scripted()
+    sup = JobSupervisor(executor)
+    sup.start(_start(2))
+    await asyncio.sleep(0)
+    sup.connected()
+    held = [m for m in await _drain(sup) if m["type"] == "job_held"]
+    assert held[0]["ranks"] == [{"job_id": 2, "run": 1, "rank": 0}]
+    sup.cancel(JobCancel(job_id=2, run=1, rank=0))
+    sup.cancel(JobCancel(job_id=9, run=1, rank=0))
+    await asyncio.sleep(0.02)
+    updates = [(m["job_id"], m["outcome"]) for m in await _drain(sup) if m.get("state") == "exited"]
+    assert sorted(updates) == [(2, "cancelled"), (9, "cancelled")]
+
+
+def test_output_is_coalesced_and_split_with_running_offsets() -> None:
+    asyncio.run(_output_is_coalesced_and_split_with_running_offsets())
+
+
+async def _output_is_coalesced_and_split_with_running_offsets() -> None:
+    executor = Scripted()
+    sup = JobSupervisor(executor, flush_s=0.01)
+    sup.start(_start(3))
+    await asyncio.sleep(0)
+    write = executor.outputs[3]
+    write("stdout", "a")
+    write("stdout", "b\n")
+    write("stderr", "warn\n")
+    await asyncio.sleep(0.03)
+    write("stdout", "x" * (MAX_OUTPUT_CHUNK + 5))
+    executor.release[3].set()
+    await asyncio.sleep(0.03)
+    chunks = [(m["stream"], m["offset"], len(m["data"])) for m in await _drain(sup) if m["type"] == "job_output"]
+    assert chunks == [
+        ("stdout", 0, 3),
+        ("stderr", 0, 5),
+        ("stdout", 3, MAX_OUTPUT_CHUNK),
+        ("stdout", 3 + MAX_OUTPUT_CHUNK, 5),
+    ]
+
+
+def test_a_crash_loses_every_rank_without_a_word() -> None:
+    asyncio.run(_a_crash_loses_every_rank_without_a_word())
+
+
+async def _a_crash_loses_every_rank_without_a_word() -> None:
+    executor = Scripted()
+    sup = JobSupervisor(executor)
+    sup.start(_start(4))
+    await asyncio.sleep(0)
+    sup.lose_all()
+    await asyncio.sleep(0.01)
+    sup.connected()
+    assert [(m["type"], m.get("ranks")) for m in await _drain(sup)] == [("job_held", [])]
