@@ -7,6 +7,7 @@ This is the composition root for processes. The heavy imports happen inside each
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import socket
 import sys
@@ -16,6 +17,7 @@ from typing import Annotated
 import typer
 
 from gpufleet.cli.app import app
+from gpufleet.cli.output import Format, OutputOpt, print_json, table
 from gpufleet.cli.state import state
 from gpufleet.core import gc_tuning
 from gpufleet.core.errors import GpufleetError, InvalidInput
@@ -101,7 +103,7 @@ def agent(
     run_agent(settings, node, join_token, heartbeat_interval)
 
 
-sim_app = typer.Typer(help="Simulated GPU nodes: run them, and inject or heal faults.")
+sim_app = typer.Typer(help="Simulated GPU nodes: run them, inject or heal faults; replay a job trace.")
 app.add_typer(sim_app, name="sim")
 
 
@@ -123,6 +125,70 @@ def sim_fault(
 def sim_heal(ctx: typer.Context, node: str) -> None:
     """Undo every fault injected into a simulated node."""
     _fault_answer(state(ctx).client().fault(node, "heal", None, None))
+
+
+class ReplayPolicy(enum.StrEnum):
+    fifo = "fifo"
+    gpufleet = "gpufleet"
+    both = "both"
+
+
+@sim_app.command("replay")
+def sim_replay(
+    trace: Annotated[Path, typer.Argument(help="an openb pod list or a Philly runtime list (CSV)")],
+    nodes_file: Annotated[
+        Path | None,
+        typer.Option("--nodes-file", help="openb node list (default: openb_node_list_gpu_node.csv beside TRACE)"),
+    ] = None,
+    nodes: Annotated[int | None, typer.Option(min=1, max=100_000, help="a homogeneous cluster of N nodes")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(min=1, max=64, help="GPUs per node, with --nodes")] = None,
+    policy: Annotated[ReplayPolicy, typer.Option(help="fifo, gpufleet, or both side by side")] = ReplayPolicy.both,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="openb: the first K pods; Philly: a seeded sample of K runtimes")
+    ] = None,
+    load: Annotated[
+        float, typer.Option(min=0.01, max=10.0, help="Philly: share of the GPUs the synthetic arrivals offer")
+    ] = 0.8,
+    seed: Annotated[int, typer.Option(help="Philly: seed of the synthetic arrivals, GPU counts and order")] = 1,
+    time_limit_factor: Annotated[
+        float, typer.Option(min=1.0, max=1000.0, help="a job's time limit = its runtime x this (backfill uses it)")
+    ] = 1.0,
+    output: Format = OutputOpt,
+) -> None:
+    """Replay a job trace through the built-in scheduler in simulated time and compare policies.
+
+    Reports mean and p99 job completion time and queueing delay, GPU allocation rate and fragmentation.
+    No head node is needed: this runs in this process.
+    """
+    from gpufleet.jobs.replay import POLICIES, ReplayOptions, replay_file
+
+    chosen = POLICIES if policy == ReplayPolicy.both else (policy.value,)
+    report = replay_file(
+        trace,
+        [p for p in POLICIES if p in chosen],
+        nodes_file=nodes_file,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        limit=limit,
+        load=load,
+        seed=seed,
+        options=ReplayOptions(time_limit_factor=time_limit_factor),
+    )
+    if output == Format.json:
+        print_json(report.as_dict())
+        return
+    typer.echo(f"trace: {report.trace} ({report.format}, {report.rows} rows, {report.jobs} jobs replayed)")
+    typer.echo(f"cluster: {report.cluster}")
+    for note in report.notes:
+        typer.echo(f"  - {note}")
+    columns = [r.figures() for r in report.results]
+    rows = [
+        {"figure": label, **{r.policy: col[i][1] for r, col in zip(report.results, columns, strict=True)}}
+        for i, (label, _) in enumerate(columns[0])
+    ]
+    table(rows, [("figure", ""), *((r.policy, r.policy) for r in report.results)])
+    if any(r.never_started for r in report.results):
+        typer.echo("warning: some jobs neither started nor were unschedulable (see -o json: never_started)", err=True)
 
 
 def _fault_answer(result: dict[str, object]) -> None:

@@ -12,14 +12,15 @@ Functions take a session and a clock and never commit; each returns what the cal
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from dataclasses import dataclass
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Conflict, Forbidden, NotFound
-from gpufleet.inventory.models import Node
+from gpufleet.inventory.models import Gpu, Node
+from gpufleet.inventory.states import NodeState
 from gpufleet.jobs.models import FINAL_STATES, Job, JobRank, JobState, RankState
 from gpufleet.protocol.jobs import JobUpdate, RankRef
 
@@ -35,10 +36,38 @@ def get_job(session: Session, job_id: int) -> Job:
     return job
 
 
-def place(session: Session, clock: Clock, job: Job, allocation: Mapping[str, Sequence[int]]) -> list[JobRank]:
-    """Start a new run of a pending job on these GPUs ({node name: GPU indexes}, rank order)."""
+@dataclass(frozen=True, slots=True)
+class NodeGpus:
+    """What placing a rank on a node needs: the node's id, and its GPUs' UUIDs by index."""
+
+    node_id: int
+    uuids: Mapping[int, str]
+
+
+def node_gpus(session: Session, names: Iterable[str] | None = None) -> dict[str, NodeGpus]:
+    """NodeGpus by node name (of `names`, or every node), in two queries."""
+    query = select(Node.id, Node.name)
+    if names is not None:
+        query = query.where(Node.name.in_(list(names)))
+    ids: dict[int, str] = dict(session.execute(query).tuples().all())
+    uuids: dict[int, dict[int, str]] = {node_id: {} for node_id in ids}
+    for node_id, index, uuid in session.execute(select(Gpu.node_id, Gpu.index, Gpu.uuid)):
+        if node_id in uuids:
+            uuids[node_id][index] = uuid
+    return {name: NodeGpus(node_id, uuids[node_id]) for node_id, name in ids.items()}
+
+
+def place(
+    session: Session,
+    clock: Clock,
+    job: Job,
+    allocation: Mapping[str, Sequence[int]],
+    nodes: Mapping[str, NodeGpus] | None = None,
+) -> list[JobRank]:
+    """Start a new run of a pending job on these GPUs ({node name: GPU indexes}, rank order). `nodes`:
+    the nodes' ids and GPU UUIDs, when the caller has read them already (a pass places many jobs)."""
     now = to_datetime(clock.now())
-    nodes = {n.name: n for n in session.scalars(select(Node).where(Node.name.in_(list(allocation))))}
+    nodes = nodes if nodes is not None else node_gpus(session, allocation)
     job.run += 1
     job.state = JobState.RUNNING
     job.reason = ""
@@ -47,22 +76,20 @@ def place(session: Session, clock: Clock, job: Job, allocation: Mapping[str, Seq
     ranks = []
     for rank, (name, gpus) in enumerate(allocation.items()):
         node = nodes[name]
-        uuids = {g.index: g.uuid for g in node.gpus}
         ranks.append(
             JobRank(
                 job_id=job.id,
                 run=job.run,
                 rank=rank,
-                node_id=node.id,
+                node_id=node.node_id,
                 node=name,
                 gpu_indexes=list(gpus),
-                gpu_uuids=[uuids.get(i, "") for i in gpus],
+                gpu_uuids=[node.uuids.get(i, "") for i in gpus],
                 state=RankState.ASSIGNED,
                 assigned_at=now,
             )
         )
     session.add_all(ranks)
-    session.flush()
     return ranks
 
 
@@ -212,20 +239,22 @@ def ranks_held(session: Session, clock: Clock, node_id: int, held: Iterable[Rank
 
 def node_failures(session: Session, clock: Clock, max_requeues: int) -> list[Job]:
     """Running jobs with a rank on a node that is down or gone: requeued or ended node_fail."""
-    down: list[Job] = []
+    # Plain columns first: only the failing jobs are loaded as objects (a pass sees thousands running).
     rows = session.execute(
-        select(Job, JobRank, Node.state)
+        select(Job.id, JobRank.node, JobRank.rank, Node.state)
         .join(JobRank, (JobRank.job_id == Job.id) & (JobRank.run == Job.run))
         .outerjoin(Node, Node.id == JobRank.node_id)
         .where(Job.state == JobState.RUNNING)
     )
-    seen: set[int] = set()
-    for job, rank, state in rows:
-        if job.id in seen or (state is not None and state.value == "up"):
-            continue
-        seen.add(job.id)
-        what = "was removed" if state is None else f"is {state.value}"
-        fail_run(session, clock, job, f"node {rank.node} {what} (rank {rank.rank})", max_requeues)
+    failed: dict[int, str] = {}
+    for job_id, node, rank, state in rows:
+        if job_id not in failed and (state is None or state is not NodeState.UP):
+            what = "was removed" if state is None else f"is {state.value}"
+            failed[job_id] = f"node {node} {what} (rank {rank})"
+    down = []
+    for job_id, reason in failed.items():
+        job = get_job(session, job_id)
+        fail_run(session, clock, job, reason, max_requeues)
         down.append(job)
     return down
 
@@ -233,11 +262,15 @@ def node_failures(session: Session, clock: Clock, max_requeues: int) -> list[Job
 def overdue(session: Session, clock: Clock) -> list[Job]:
     """Running jobs past their time limit by TIMEOUT_GRACE_S without a word from their agents: timeout."""
     now = clock.now()
+    rows = session.execute(select(Job.id, Job.started_at, Job.time_limit_s).where(Job.state == JobState.RUNNING))
+    late = [
+        job_id for job_id, started, limit in rows if started and now > started.timestamp() + limit + TIMEOUT_GRACE_S
+    ]
     ended = []
-    for job in session.scalars(select(Job).where(Job.state == JobState.RUNNING)):
-        if job.started_at is not None and now > job.started_at.timestamp() + job.time_limit_s + TIMEOUT_GRACE_S:
-            finish(session, clock, job, JobState.TIMEOUT, f"time limit of {job.time_limit_s:.0f}s reached")
-            ended.append(job)
+    for job_id in late:
+        job = get_job(session, job_id)
+        finish(session, clock, job, JobState.TIMEOUT, f"time limit of {job.time_limit_s:.0f}s reached")
+        ended.append(job)
     return ended
 
 
@@ -251,14 +284,45 @@ def forget_orphans(session: Session, clock: Clock) -> None:
         rank.ended_at = now
 
 
-def held_ranks(session: Session) -> list[JobRank]:
-    """Every rank still holding GPUs: what the scheduler must not give away."""
-    # The jobs come in one more query, not one each: a pass reads every held rank's job.
-    query = select(JobRank).where(JobRank.state != RankState.EXITED).options(selectinload(JobRank.job))
-    return list(session.scalars(query))
+@dataclass(frozen=True, slots=True)
+class HeldRank:
+    """A rank still holding GPUs, with what the scheduler needs of its job (plain values, no objects)."""
+
+    job_id: int
+    run: int
+    node_id: int | None
+    node: str
+    gpu_indexes: list[int]
+    project: str | None
+    current: bool  # its job runs and this is its current run (else its processes are being stopped)
+    ends_by: float | None  # the job's time limit ends it then; None while not current
+    cpus_per_node: int
+    mem_per_node_mib: int
 
 
-def ends_by(job: Job, now: float) -> float:
-    """When a running job's time limit ends it at the latest (for reservations)."""
-    started: datetime | None = job.started_at
-    return (started.timestamp() if started is not None else now) + job.time_limit_s
+def held_ranks(session: Session) -> list[HeldRank]:
+    """Every rank still holding GPUs: what the scheduler must not give away. One query, plain rows."""
+    rows = session.execute(
+        select(
+            JobRank.job_id,
+            JobRank.run,
+            JobRank.node_id,
+            JobRank.node,
+            JobRank.gpu_indexes,
+            Job.project,
+            Job.state,
+            Job.run,
+            Job.started_at,
+            Job.time_limit_s,
+            Job.cpus_per_node,
+            Job.mem_per_node_mib,
+        )
+        .join(Job, Job.id == JobRank.job_id)
+        .where(JobRank.state != RankState.EXITED)
+    )
+    held = []
+    for job_id, run, node_id, node, gpus, project, state, job_run, started, limit, cpus, mem in rows:
+        current = state is JobState.RUNNING and job_run == run
+        ends = (started.timestamp() + limit) if current and started is not None else None
+        held.append(HeldRank(job_id, run, node_id, node, gpus, project, current, ends, cpus, mem))
+    return held

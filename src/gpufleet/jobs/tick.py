@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.core.clock import Clock
 from gpufleet.inventory.models import Gpu, Node
 from gpufleet.jobs import accounting, lifecycle
-from gpufleet.jobs.models import Job, JobRank, JobState
+from gpufleet.jobs.models import Job, JobState
 from gpufleet.jobs.scheduler import (
     JobRequest,
     NodeView,
@@ -42,6 +42,7 @@ REASONS = {
     PendingReason.UNSCHEDULABLE: "unschedulable: no set of schedulable nodes can hold it now",
 }
 TOPOLOGY_LABELS = ("switch", "rack")
+UPDATE_BATCH = 900  # ids per UPDATE ... IN (...): under every SQLite build's bound-parameter limit
 
 
 @dataclass(frozen=True)
@@ -65,59 +66,83 @@ def run_tick(session: Session, clock: Clock, settings: TickSettings) -> TickResu
     ended += [j.id for j in lifecycle.overdue(session, clock)]
     session.flush()
 
-    held = lifecycle.held_ranks(session)
-    nodes = _node_views(session, held)
-    running = _running(session, held, now)
-    pending = list(session.scalars(select(Job).where(Job.state == JobState.PENDING)))
-    if not pending:
-        return TickResult(placed=[], ended=ended, waiting=0)
+    # Plain rows, not objects: a pass reads thousands of queued jobs and held ranks every second, and
+    # only the jobs it places are loaded as objects.
     queue = [
         JobRequest(
-            id=str(j.id),
-            project=j.project or "",
-            nodes=j.nodes,
-            gpus_per_node=j.gpus_per_node,
-            cpus_per_node=j.cpus_per_node,
-            mem_per_node_mib=j.mem_per_node_mib,
-            time_limit_s=j.time_limit_s,
-            priority=j.priority,
-            submitted_at=j.submitted_at.timestamp(),
-            category=j.category,
+            id=str(job_id),
+            project=project or "",
+            nodes=nodes,
+            gpus_per_node=gpus,
+            cpus_per_node=cpus,
+            mem_per_node_mib=mem,
+            time_limit_s=limit,
+            priority=priority,
+            submitted_at=submitted.timestamp(),
+            category=category,
         )
-        for j in pending
+        for job_id, project, nodes, gpus, cpus, mem, limit, priority, submitted, category in session.execute(
+            select(
+                Job.id,
+                Job.project,
+                Job.nodes,
+                Job.gpus_per_node,
+                Job.cpus_per_node,
+                Job.mem_per_node_mib,
+                Job.time_limit_s,
+                Job.priority,
+                Job.submitted_at,
+                Job.category,
+            ).where(Job.state == JobState.PENDING)
+        )
     ]
+    if not queue:
+        return TickResult(placed=[], ended=ended, waiting=0)
+    held = lifecycle.held_ranks(session)
+    nodes, gpus = _nodes(session, held)
     limits = accounting.project_limits(session, now, settings.half_life_s)
-    decisions = schedule(nodes, running, queue, limits, now, settings.policy)
+    decisions = schedule(nodes, _running(held, now), queue, limits, now, settings.policy)
 
-    by_id = {str(j.id): j for j in pending}
     placed = []
+    ids = [int(p.job_id) for p in decisions.placements]
+    jobs = {}
+    for start in range(0, len(ids), UPDATE_BATCH):
+        jobs.update(
+            {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(ids[start : start + UPDATE_BATCH])))}
+        )
     for placement in decisions.placements:
-        job = by_id[placement.job_id]
-        lifecycle.place(session, clock, job, placement.allocation)
+        job = jobs[int(placement.job_id)]
+        lifecycle.place(session, clock, job, placement.allocation, gpus)
         placed.append(job.id)
+    by_reason: dict[PendingReason, list[int]] = defaultdict(list)
     for job_id, why in decisions.pending.items():
-        job = by_id[job_id]
-        if job.reason != REASONS[why]:  # unchanged rows are not written
-            job.reason = REASONS[why]
+        by_reason[why].append(int(job_id))
+    for why, ids in by_reason.items():
+        for start in range(0, len(ids), UPDATE_BATCH):  # unchanged rows are not written
+            batch = ids[start : start + UPDATE_BATCH]
+            session.execute(
+                update(Job).where(Job.id.in_(batch), Job.reason != REASONS[why]).values(reason=REASONS[why])
+            )
     session.flush()
     return TickResult(placed=placed, ended=ended, waiting=len(decisions.pending))
 
 
-def _node_views(session: Session, held: list[JobRank]) -> list[NodeView]:
+def _nodes(session: Session, held: list[lifecycle.HeldRank]) -> tuple[list[NodeView], dict[str, lifecycle.NodeGpus]]:
+    """Every node as the scheduler sees it (GPUs free of every held rank, CPUs and memory net of them),
+    and every node's GPU UUIDs for the placements."""
     busy_gpus: dict[int, set[int]] = defaultdict(set)
-    for rank in held:
-        if rank.node_id is not None:
-            busy_gpus[rank.node_id].update(rank.gpu_indexes)
     cpus_used: dict[int, int] = defaultdict(int)
     mem_used: dict[int, int] = defaultdict(int)
     for rank in held:
         if rank.node_id is not None:
-            cpus_used[rank.node_id] += rank.job.cpus_per_node
-            mem_used[rank.node_id] += rank.job.mem_per_node_mib
-    present: dict[int, set[int]] = defaultdict(set)
-    for node_id, index in session.execute(select(Gpu.node_id, Gpu.index)):
-        present[node_id].add(index)
+            busy_gpus[rank.node_id].update(rank.gpu_indexes)
+            cpus_used[rank.node_id] += rank.cpus_per_node
+            mem_used[rank.node_id] += rank.mem_per_node_mib
+    uuids: dict[int, dict[int, str]] = defaultdict(dict)
+    for node_id, index, uuid in session.execute(select(Gpu.node_id, Gpu.index, Gpu.uuid)):
+        uuids[node_id][index] = uuid
     views = []
+    gpus = {}
     rows = session.execute(
         select(
             Node.id,
@@ -133,13 +158,14 @@ def _node_views(session: Session, held: list[JobRank]) -> list[NodeView]:
         )
     )
     for node_id, name, state, health, drained_at, category, labels, cpus, mem, expected in rows:
-        gpus = present.get(node_id, set())
+        present = uuids.get(node_id, {})
+        gpus[name] = lifecycle.NodeGpus(node_id, present)
         topology = next((str(labels[k]) for k in TOPOLOGY_LABELS if labels and k in labels), None)
         views.append(
             NodeView(
                 name=name,
-                gpu_count=max(expected, len(gpus)),
-                gpus=frozenset(gpus - busy_gpus.get(node_id, set())),
+                gpu_count=max(expected, len(present)),
+                gpus=frozenset(set(present) - busy_gpus.get(node_id, set())),
                 cpus=cpus or 0,
                 mem_mib=mem or 0,
                 # Unknown CPU or memory (no inventory yet) does not block GPU jobs: counted as plenty.
@@ -150,27 +176,23 @@ def _node_views(session: Session, held: list[JobRank]) -> list[NodeView]:
                 topology=topology,
             )
         )
-    return views
+    return views, gpus
 
 
-def _running(session: Session, held: list[JobRank], now: float) -> list[RunningJob]:
+def _running(held: list[lifecycle.HeldRank], now: float) -> list[RunningJob]:
     """Every (job, run) with ranks still holding GPUs, with the time its limit frees them at the latest."""
-    groups: dict[tuple[int, int], list[JobRank]] = defaultdict(list)
+    groups: dict[tuple[int, int], list[lifecycle.HeldRank]] = defaultdict(list)
     for rank in held:
         groups[(rank.job_id, rank.run)].append(rank)
-    out = []
-    for (job_id, run), ranks in groups.items():
-        job = ranks[0].job
-        current = job.state is JobState.RUNNING and job.run == run
-        ends = lifecycle.ends_by(job, now) if current else now  # not current: its processes are being killed
-        out.append(
-            RunningJob(
-                id=f"{job_id}.{run}",
-                project=job.project or "",
-                allocation={r.node: frozenset(r.gpu_indexes) for r in ranks},
-                ends_by=ends,
-                cpus_per_node=job.cpus_per_node,
-                mem_per_node_mib=job.mem_per_node_mib,
-            )
+    return [
+        RunningJob(
+            id=f"{job_id}.{run}",
+            project=ranks[0].project or "",
+            allocation={r.node: frozenset(r.gpu_indexes) for r in ranks},
+            # Not current: its processes are being stopped, so its GPUs are as good as free soon.
+            ends_by=ranks[0].ends_by if ranks[0].ends_by is not None else now,
+            cpus_per_node=ranks[0].cpus_per_node,
+            mem_per_node_mib=ranks[0].mem_per_node_mib,
         )
-    return out
+        for (job_id, run), ranks in groups.items()
+    ]
