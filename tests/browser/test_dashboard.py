@@ -67,7 +67,7 @@ def test_operator_sees_a_fault_drains_resumes_acknowledges_and_logs_out(cluster:
     log_in(page, head)
     expect(page.locator("#user")).to_have_text("alice")
     expect(page.get_by_role("navigation", name="Main").get_by_role("link")).to_have_text(
-        ["Overview", "Nodes", "GPU map", "Alerts", "Projects"]
+        ["Overview", "Nodes", "GPU map", "Jobs", "Alerts", "Projects"]
     )
     expect(page.locator("#nodes-up .value")).to_have_text(str(NODES))
     expect(page.locator("#fleet .tile")).to_have_count(NODES)
@@ -171,11 +171,25 @@ def test_keyboard_only_drain_and_a_viewer_gets_no_buttons(cluster: Head, page: P
 def test_pages_fit_a_laptop_screen(cluster: Head, page: Page) -> None:
     """At 1280x800 no page scrolls sideways (tables that could, scroll inside themselves)."""
     log_in(page, cluster)
-    for path in ("/", "/nodes", "/gpus", "/alerts", "/nodes/sim001"):
+    for path in ("/", "/nodes", "/gpus", "/jobs", "/jobs/usage", "/alerts", "/nodes/sim001"):
         page.goto(cluster.url + path)
         expect(page.locator("h1")).to_be_visible()
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 0, f"{path} is {overflow} px too wide"
+
+
+def test_the_jobs_page_opens_from_the_top_bar(cluster: Head, page: Page) -> None:
+    log_in(page, cluster, "vic")
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Jobs").click()
+    expect(page).to_have_url(cluster.url + "/jobs")
+    expect(page.locator("h1")).to_have_text("Jobs")
+    expect(page.locator("#jobs")).to_be_visible()
+    page.locator("#filters select[name=state]").select_option("pending")  # the table follows, and so does the address
+    expect(page).to_have_url(re.compile(r"/jobs\?.*state=pending"))
+    expect(page.locator('[data-tab="pending"]')).to_have_attribute("aria-current", "page")
+    page.get_by_role("link", name="GPU usage").click()
+    expect(page.locator("#usage")).to_be_visible()
+    screenshot(page, "job-usage")
 
 
 def test_htmx_requests_carry_the_csrf_token(cluster: Head, page: Page) -> None:

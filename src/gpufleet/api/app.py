@@ -25,6 +25,7 @@ from gpufleet.api.limits import BodySizeLimit
 from gpufleet.api.routers import (
     agent,
     audit_log,
+    job_metrics,
     nodes,
     projects,
     prometheus_metrics,
@@ -88,6 +89,7 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     agent.router,
     job_routes.router,
     job_routes.reports,
+    job_metrics.router,
     audit_log.router,
     users.router,
     projects.router,

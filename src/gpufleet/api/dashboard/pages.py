@@ -49,6 +49,7 @@ NAV: tuple[NavItem, ...] = (
     NavItem("overview", "Overview", "/", Permission.NODES_READ),
     NavItem("nodes", "Nodes", "/nodes", Permission.NODES_READ),
     NavItem("gpus", "GPU map", "/gpus", Permission.NODES_READ),
+    NavItem("jobs", "Jobs", "/jobs", Permission.JOBS_READ),
     NavItem("alerts", "Alerts", "/alerts", Permission.ALERTS_READ),
     NavItem("audit", "Audit log", "/audit", Permission.AUDIT_READ),
     NavItem("users", "Users", "/users", Permission.USERS_READ),

@@ -52,7 +52,7 @@ def list_jobs(
     user: Annotated[str | None, Query(max_length=32)] = None,
     project: Annotated[str | None, Query(max_length=63)] = None,
     limit: Annotated[int, Query(ge=1, le=queries.MAX_LIST)] = 500,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=10_000_000, description="skip this many matching jobs")] = 0,
 ) -> list[JobOut]:
     """Running jobs first, then pending, then ended ones, newest first within each."""
     with tx(ctx, readonly=True) as db:
