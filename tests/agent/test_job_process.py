@@ -20,17 +20,11 @@ import psutil
 import pytest
 from filelock import FileLock
 
-from gpufleet.agent.jobs import process
+from gpufleet.agent.jobs.cgroups import CgroupParent
+from gpufleet.agent.jobs.containers import Containers, bwrap_command, podman_command
+from gpufleet.agent.jobs.identity import CannotStart, Identity, identity
 from gpufleet.agent.jobs.ports import JobExecutor, RankResult
-from gpufleet.agent.jobs.process import (
-    CannotStart,
-    CgroupParent,
-    Containers,
-    ProcessExecutor,
-    bwrap_command,
-    identity,
-    podman_command,
-)
+from gpufleet.agent.jobs.process import ProcessExecutor
 from gpufleet.protocol.jobs import MAX_OUTPUT_CHUNK, JobStart
 from tests.conftest import ROOT, need
 
@@ -416,7 +410,7 @@ def test_the_podman_command(tmp_path: Path) -> None:
     start = launch(
         container="registry.example/train:1", argv=["python", "t.py"], gpu_indexes=[0, 2], mem_mib=1024, cpus=8
     )
-    who = process.Identity("alice", 2001, 2001, (2001, 3000), "/home/alice", "/bin/bash", True)
+    who = Identity("alice", 2001, 2001, (2001, 3000), "/home/alice", "/bin/bash", True)
     client = {"PATH": "/usr/bin", "CONTAINERS_CONF": "/x"}
 
     argv = podman_command(

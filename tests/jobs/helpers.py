@@ -82,8 +82,7 @@ def submit(sessions: sessionmaker[Session], clock: FakeClock, who: submission.Su
 
 
 def tick(sessions: sessionmaker[Session], clock: FakeClock) -> TickResult:
-    with transaction(sessions) as s:
-        return run_tick(s, clock, TICK)
+    return run_tick(sessions, clock, TICK)
 
 
 def job(sessions: sessionmaker[Session], job_id: int) -> Job:

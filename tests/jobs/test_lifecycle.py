@@ -306,3 +306,25 @@ def test_drained_and_failed_nodes_take_no_new_jobs(setup: sessionmaker[Session],
     set_node(setup, "n2", health="healthy")
     tick(setup, clock)
     assert ranks(setup, one)[0].node == "n2"
+
+
+def test_a_pass_places_nothing_that_changed_since_its_snapshot(setup: sessionmaker[Session], clock: FakeClock) -> None:
+    """The pass plans from a read-only snapshot and re-checks before it writes."""
+    from gpufleet.core.clock import to_datetime
+    from gpufleet.jobs import tick as passes
+
+    cancelled = submit(setup, clock, gpus_per_node=8)
+    drained = submit(setup, clock, gpus_per_node=8)
+    with transaction(setup, readonly=True) as s:
+        found = passes.plan(s, clock, TICK)
+    assert {p.job_id for p in found.placements} == {str(cancelled), str(drained)}
+    with transaction(setup) as s:
+        lifecycle.cancel(s, clock, cancelled, "token:admin", user=None, admin=True)
+    node = next(iter(next(p for p in found.placements if p.job_id == str(drained)).allocation))
+    set_node(setup, node, drained_at=to_datetime(clock.now()), drain_reason="by hand")
+    with transaction(setup) as s:
+        result = passes.apply(s, clock, found, TICK)
+    assert result.placed == []
+    assert job(setup, cancelled).state is JobState.CANCELLED
+    assert job(setup, drained).state is JobState.PENDING
+    assert ranks(setup, cancelled) == ranks(setup, drained) == []

@@ -237,51 +237,83 @@ def ranks_held(session: Session, clock: Clock, node_id: int, held: Iterable[Rank
         # An ASSIGNED rank not started yet: its job_start is simply sent again.
 
 
-def node_failures(session: Session, clock: Clock, max_requeues: int) -> list[Job]:
-    """Running jobs with a rank on a node that is down or gone: requeued or ended node_fail."""
-    # Plain columns first: only the failing jobs are loaded as objects (a pass sees thousands running).
+# Ending what must end is split in two: `find_*` reads (in the scheduler pass's read-only
+# transaction, with no lock), `end_*` writes, re-checking each job, since an agent's report may have
+# ended it in between. Runs are named (job id, run) so a requeued job's new run is never ended for
+# what its old run's node did.
+
+
+def find_node_failures(session: Session) -> dict[tuple[int, int], str]:
+    """Running runs with a rank on a node that is down or gone: (job id, run) -> why."""
     rows = session.execute(
-        select(Job.id, JobRank.node, JobRank.rank, Node.state)
+        select(Job.id, Job.run, JobRank.node, JobRank.rank, Node.state)
         .join(JobRank, (JobRank.job_id == Job.id) & (JobRank.run == Job.run))
         .outerjoin(Node, Node.id == JobRank.node_id)
         .where(Job.state == JobState.RUNNING)
     )
-    failed: dict[int, str] = {}
-    for job_id, node, rank, state in rows:
-        if job_id not in failed and (state is None or state is not NodeState.UP):
+    failed: dict[tuple[int, int], str] = {}
+    for job_id, run, node, rank, state in rows:
+        if (job_id, run) not in failed and (state is None or state is not NodeState.UP):
             what = "was removed" if state is None else f"is {state.value}"
-            failed[job_id] = f"node {node} {what} (rank {rank})"
-    down = []
-    for job_id, reason in failed.items():
-        job = get_job(session, job_id)
-        fail_run(session, clock, job, reason, max_requeues)
-        down.append(job)
-    return down
+            failed[(job_id, run)] = f"node {node} {what} (rank {rank})"
+    return failed
 
 
-def overdue(session: Session, clock: Clock) -> list[Job]:
-    """Running jobs past their time limit by TIMEOUT_GRACE_S without a word from their agents: timeout."""
-    now = clock.now()
-    rows = session.execute(select(Job.id, Job.started_at, Job.time_limit_s).where(Job.state == JobState.RUNNING))
-    late = [
-        job_id for job_id, started, limit in rows if started and now > started.timestamp() + limit + TIMEOUT_GRACE_S
+def find_overdue(session: Session, now: float) -> list[tuple[int, int]]:
+    """Running runs past their time limit by TIMEOUT_GRACE_S without a word from their agents."""
+    rows = session.execute(
+        select(Job.id, Job.run, Job.started_at, Job.time_limit_s).where(Job.state == JobState.RUNNING)
+    )
+    return [
+        (job_id, run)
+        for job_id, run, started, limit in rows
+        if started and now > started.timestamp() + limit + TIMEOUT_GRACE_S
     ]
+
+
+def find_orphans(session: Session) -> list[int]:
+    """Ranks still holding GPUs on a node that was removed from the inventory."""
+    query = select(JobRank.id).where(JobRank.node_id.is_(None), JobRank.state != RankState.EXITED)
+    return list(session.scalars(query))
+
+
+def _still_running(session: Session, job_id: int, run: int) -> Job | None:
+    job = session.get(Job, job_id)
+    return job if job is not None and job.state is JobState.RUNNING and job.run == run else None
+
+
+def end_node_failures(
+    session: Session, clock: Clock, failed: dict[tuple[int, int], str], max_requeues: int
+) -> list[int]:
+    """Requeue or end node_fail each run found failing; returns the job ids."""
     ended = []
-    for job_id in late:
-        job = get_job(session, job_id)
-        finish(session, clock, job, JobState.TIMEOUT, f"time limit of {job.time_limit_s:.0f}s reached")
-        ended.append(job)
+    for (job_id, run), reason in failed.items():
+        job = _still_running(session, job_id, run)
+        if job is not None:
+            fail_run(session, clock, job, reason, max_requeues)
+            ended.append(job_id)
     return ended
 
 
-def forget_orphans(session: Session, clock: Clock) -> None:
-    """Ranks whose node was removed from the inventory hold nothing any more."""
+def end_overdue(session: Session, clock: Clock, late: list[tuple[int, int]]) -> list[int]:
+    ended = []
+    for job_id, run in late:
+        job = _still_running(session, job_id, run)
+        if job is not None:
+            finish(session, clock, job, JobState.TIMEOUT, f"time limit of {job.time_limit_s:.0f}s reached")
+            ended.append(job_id)
+    return ended
+
+
+def end_orphans(session: Session, clock: Clock, rank_ids: list[int]) -> None:
     now = to_datetime(clock.now())
-    for rank in session.scalars(select(JobRank).where(JobRank.node_id.is_(None), JobRank.state != RankState.EXITED)):
-        rank.state = RankState.EXITED
-        rank.outcome = rank.outcome or "lost"
-        rank.message = "the node was removed"
-        rank.ended_at = now
+    for rank_id in rank_ids:
+        rank = session.get(JobRank, rank_id)
+        if rank is not None and rank.node_id is None and rank.state is not RankState.EXITED:
+            rank.state = RankState.EXITED
+            rank.outcome = rank.outcome or "lost"
+            rank.message = "the node was removed"
+            rank.ended_at = now
 
 
 @dataclass(frozen=True, slots=True)

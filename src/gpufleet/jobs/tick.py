@@ -1,15 +1,22 @@
 """One pass of the built-in scheduler against the database: read, decide (the pure `schedule`), apply.
 
-The leader runs it every `scheduler_interval_s`, and at once after a submit or a job's end. In order:
+The leader runs it every `scheduler_interval_s`, and at once after a submit or a job's end, in two
+transactions:
 
-1. end what must end: running jobs whose node is down or gone (requeue or node_fail), jobs past their
-   time limit that no agent reported (timeout), ranks whose node was removed;
-2. read the cluster: each node's GPUs free of every rank that still holds them, its CPUs and memory
-   net of those ranks, whether it is schedulable (up, not drained, not failed), its category and its
-   topology label (`labels["switch"]`, else `labels["rack"]`);
-3. `schedule` over the pending jobs, with each project's quota, budget left and decayed use;
-4. apply: placements become runs with ranks (sent to the agents by the dispatcher), waiting jobs get
-   their pending reason.
+1. `plan`, read-only (no lock: on SQLite, heartbeat flushes and submits go on meanwhile):
+   - find what must end: running runs whose node is down or gone (requeue or node_fail), runs past
+     their time limit that no agent reported (timeout), ranks whose node was removed;
+   - read the cluster: each node's GPUs free of every rank that still holds them, its CPUs and memory
+     net of those ranks, whether it is schedulable (up, not drained, not failed), its category and its
+     topology label (`labels["switch"]`, else `labels["rack"]`);
+   - `schedule` the pending jobs, with each project's quota, budget left and decayed use;
+2. `apply`, a short write, only when there is something to write: end what must end, then place
+   (each placement re-checked: the job still pending, its nodes still schedulable), then write the
+   pending reasons that changed.
+
+Why placing from a snapshot is safe: between the two transactions GPUs can only be freed (agents report
+ranks gone), never taken, since only this pass creates ranks and only the leader runs it; a job
+cancelled or a node drained or lost in between is caught by the re-check.
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.core.clock import Clock
+from gpufleet.core.db import transaction
 from gpufleet.inventory.models import Gpu, Node
 from gpufleet.jobs import accounting, lifecycle
 from gpufleet.jobs.models import Job, JobState
@@ -28,6 +36,7 @@ from gpufleet.jobs.scheduler import (
     JobRequest,
     NodeView,
     PendingReason,
+    Placement,
     Policy,
     RunningJob,
     node_schedulable,
@@ -59,15 +68,64 @@ class TickResult:
     waiting: int
 
 
-def run_tick(session: Session, clock: Clock, settings: TickSettings) -> TickResult:
-    now = clock.now()
-    lifecycle.forget_orphans(session, clock)
-    ended = [j.id for j in lifecycle.node_failures(session, clock, settings.max_requeues)]
-    ended += [j.id for j in lifecycle.overdue(session, clock)]
-    session.flush()
+@dataclass
+class Plan:
+    """What a pass decided from its snapshot, for `apply` to write."""
 
+    failed: dict[tuple[int, int], str]
+    overdue: list[tuple[int, int]]
+    orphans: list[int]
+    placements: list[Placement]
+    reasons: dict[str, list[int]]  # pending reason -> jobs whose stored reason differs
+    gpus: dict[str, lifecycle.NodeGpus]
+    waiting: int
+
+    @property
+    def empty(self) -> bool:
+        return not (self.failed or self.overdue or self.orphans or self.placements or self.reasons)
+
+
+def run_tick(sessions: sessionmaker[Session], clock: Clock, settings: TickSettings) -> TickResult:
+    result = _one_pass(sessions, clock, settings)
+    if result.ended:  # runs ended, some maybe requeued: their GPUs and jobs are placed now, not a pass later
+        again = _one_pass(sessions, clock, settings)
+        result = TickResult(result.placed + again.placed, result.ended + again.ended, again.waiting)
+    return result
+
+
+def _one_pass(sessions: sessionmaker[Session], clock: Clock, settings: TickSettings) -> TickResult:
+    with transaction(sessions, readonly=True) as session:
+        found = plan(session, clock, settings)
+    if found.empty:
+        return TickResult(placed=[], ended=[], waiting=found.waiting)
+    with transaction(sessions) as session:
+        return apply(session, clock, found, settings)
+
+
+def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
+    now = clock.now()
+    failed = lifecycle.find_node_failures(session)
+    overdue = lifecycle.find_overdue(session, now)
+    orphans = lifecycle.find_orphans(session)
     # Plain rows, not objects: a pass reads thousands of queued jobs and held ranks every second, and
-    # only the jobs it places are loaded as objects.
+    # only the jobs it places are loaded as objects (in `apply`).
+    rows = session.execute(
+        select(
+            Job.id,
+            Job.project,
+            Job.nodes,
+            Job.gpus_per_node,
+            Job.cpus_per_node,
+            Job.mem_per_node_mib,
+            Job.time_limit_s,
+            Job.priority,
+            Job.submitted_at,
+            Job.category,
+            Job.reason,
+        ).where(Job.state == JobState.PENDING)
+    ).all()
+    if not rows:
+        return Plan(failed, overdue, orphans, [], {}, {}, 0)
     queue = [
         JobRequest(
             id=str(job_id),
@@ -81,50 +139,56 @@ def run_tick(session: Session, clock: Clock, settings: TickSettings) -> TickResu
             submitted_at=submitted.timestamp(),
             category=category,
         )
-        for job_id, project, nodes, gpus, cpus, mem, limit, priority, submitted, category in session.execute(
-            select(
-                Job.id,
-                Job.project,
-                Job.nodes,
-                Job.gpus_per_node,
-                Job.cpus_per_node,
-                Job.mem_per_node_mib,
-                Job.time_limit_s,
-                Job.priority,
-                Job.submitted_at,
-                Job.category,
-            ).where(Job.state == JobState.PENDING)
-        )
+        for job_id, project, nodes, gpus, cpus, mem, limit, priority, submitted, category, _ in rows
     ]
-    if not queue:
-        return TickResult(placed=[], ended=ended, waiting=0)
+    stored = {str(row[0]): row[-1] for row in rows}
     held = lifecycle.held_ranks(session)
-    nodes, gpus = _nodes(session, held)
+    views, gpu_ids = _nodes(session, held)
     limits = accounting.project_limits(session, now, settings.half_life_s)
-    decisions = schedule(nodes, _running(held, now), queue, limits, now, settings.policy)
-
-    placed = []
-    ids = [int(p.job_id) for p in decisions.placements]
-    jobs = {}
-    for start in range(0, len(ids), UPDATE_BATCH):
-        jobs.update(
-            {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(ids[start : start + UPDATE_BATCH])))}
-        )
-    for placement in decisions.placements:
-        job = jobs[int(placement.job_id)]
-        lifecycle.place(session, clock, job, placement.allocation, gpus)
-        placed.append(job.id)
-    by_reason: dict[PendingReason, list[int]] = defaultdict(list)
+    decisions = schedule(views, _running(held, now), queue, limits, now, settings.policy)
+    reasons: dict[str, list[int]] = defaultdict(list)
     for job_id, why in decisions.pending.items():
-        by_reason[why].append(int(job_id))
-    for why, ids in by_reason.items():
-        for start in range(0, len(ids), UPDATE_BATCH):  # unchanged rows are not written
+        if stored[job_id] != REASONS[why]:  # unchanged reasons are not written
+            reasons[REASONS[why]].append(int(job_id))
+    return Plan(failed, overdue, orphans, decisions.placements, dict(reasons), gpu_ids, len(decisions.pending))
+
+
+def apply(session: Session, clock: Clock, found: Plan, settings: TickSettings) -> TickResult:
+    lifecycle.end_orphans(session, clock, found.orphans)
+    ended = lifecycle.end_node_failures(session, clock, found.failed, settings.max_requeues)
+    ended += lifecycle.end_overdue(session, clock, found.overdue)
+    session.flush()
+    placed = []
+    if found.placements:
+        usable = _schedulable(session, {n for p in found.placements for n in p.allocation})
+        ids = [int(p.job_id) for p in found.placements]
+        jobs: dict[int, Job] = {}
+        for start in range(0, len(ids), UPDATE_BATCH):
             batch = ids[start : start + UPDATE_BATCH]
+            jobs.update({j.id: j for j in session.scalars(select(Job).where(Job.id.in_(batch)))})
+        for placement in found.placements:
+            job = jobs.get(int(placement.job_id))
+            # Cancelled, or a node drained or lost, since the snapshot: it waits for the next pass.
+            if job is None or job.state is not JobState.PENDING or not usable.issuperset(placement.allocation):
+                continue
+            lifecycle.place(session, clock, job, placement.allocation, found.gpus)
+            placed.append(job.id)
+    for reason, waiting in found.reasons.items():
+        for start in range(0, len(waiting), UPDATE_BATCH):
+            batch = waiting[start : start + UPDATE_BATCH]
             session.execute(
-                update(Job).where(Job.id.in_(batch), Job.reason != REASONS[why]).values(reason=REASONS[why])
+                update(Job).where(Job.id.in_(batch), Job.state == JobState.PENDING).values(reason=reason),
+                execution_options={"synchronize_session": False},
             )
     session.flush()
-    return TickResult(placed=placed, ended=ended, waiting=len(decisions.pending))
+    return TickResult(placed=placed, ended=ended, waiting=found.waiting)
+
+
+def _schedulable(session: Session, names: set[str]) -> set[str]:
+    rows = session.execute(
+        select(Node.name, Node.state, Node.health, Node.drained_at).where(Node.name.in_(list(names)))
+    )
+    return {name for name, state, health, drained in rows if node_schedulable(state.value, health, drained is not None)}
 
 
 def _nodes(session: Session, held: list[lifecycle.HeldRank]) -> tuple[list[NodeView], dict[str, lifecycle.NodeGpus]]:

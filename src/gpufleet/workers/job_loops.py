@@ -102,8 +102,7 @@ class JobLoops:
     def schedule_once(self) -> TickResult | None:
         if not self.is_leader():
             return None
-        with transaction(self.sessions) as session:
-            result = run_tick(session, self.clock, tick_settings(self.settings))
+        result = run_tick(self.sessions, self.clock, tick_settings(self.settings))
         for job_id in result.ended:
             log.info("job %s ended by the scheduler (node failure or time limit)", job_id)
         if result.placed:
