@@ -10,7 +10,7 @@ neither inflates nor deflates a job's figure.
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Iterator
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -25,30 +25,31 @@ FRESH_INTERVALS = 3
 IDLE_UTIL_PCT = 5.0  # below this, a GPU a job holds counts as idle (the dashboard's threshold too)
 
 
-def _running_ranks(session: Session) -> list[tuple[JobRank, Job]]:
+def _held_gpus(session: Session, now: float, metrics_interval_s: float) -> Iterator[tuple[JobRank, Job, int, float]]:
+    """(rank, job, GPU index, utilization) for every GPU a running rank holds whose node sent a fresh sample."""
+    latest = latest_gpu_values(session, now - FRESH_INTERVALS * metrics_interval_s)
     rows = session.execute(
         select(JobRank, Job)
         .join(Job, Job.id == JobRank.job_id)
         .where(JobRank.state == RankState.RUNNING, Job.state == JobState.RUNNING, JobRank.run == Job.run)
     )
-    return [(rank, job) for rank, job in rows]
+    for rank, job in rows:
+        values = latest.get(rank.node_id or -1, {})
+        for index in rank.gpu_indexes:
+            util = values.get(f"gpu:{index}", {}).get("gpu_util")
+            if util is not None:
+                yield rank, job, index, min(max(util, 0.0), 100.0)
 
 
 def attribute(session: Session, now: float, elapsed_s: float, metrics_interval_s: float) -> int:
     """Charge `elapsed_s` of sampled and busy GPU time to every running job. Returns the GPUs counted."""
     if elapsed_s <= 0:
         return 0
-    latest = latest_gpu_values(session, now - FRESH_INTERVALS * metrics_interval_s)
     counted = 0
-    for rank, job in _running_ranks(session):
-        values = latest.get(rank.node_id or -1, {})
-        for index in rank.gpu_indexes:
-            util = values.get(f"gpu:{index}", {}).get("gpu_util")
-            if util is None:
-                continue
-            job.sampled_gpu_seconds += elapsed_s
-            job.busy_gpu_seconds += elapsed_s * min(max(util, 0.0), 100.0) / 100.0
-            counted += 1
+    for _rank, job, _index, util in list(_held_gpus(session, now, metrics_interval_s)):
+        job.sampled_gpu_seconds += elapsed_s
+        job.busy_gpu_seconds += elapsed_s * util / 100.0
+        counted += 1
     session.flush()
     return counted
 
@@ -57,24 +58,18 @@ def idle_gpus(
     session: Session, now: float, metrics_interval_s: float, below_pct: float = IDLE_UTIL_PCT
 ) -> list[IdleGpu]:
     """GPUs that running jobs hold and do not use: their newest fresh sample is under `below_pct` utilization."""
-    latest = latest_gpu_values(session, now - FRESH_INTERVALS * metrics_interval_s)
-    out = []
-    for rank, job in _running_ranks(session):
-        values = latest.get(rank.node_id or -1, {})
-        for index in rank.gpu_indexes:
-            util = values.get(f"gpu:{index}", {}).get("gpu_util")
-            if util is not None and util < below_pct:
-                since: datetime = rank.started_at or rank.assigned_at
-                out.append(
-                    IdleGpu(
-                        job_id=job.id,
-                        user=job.user,
-                        project=job.project,
-                        node=rank.node,
-                        gpu=index,
-                        gpu_util=util,
-                        held_since=since,
-                    )
-                )
+    out = [
+        IdleGpu(
+            job_id=job.id,
+            user=job.user,
+            project=job.project,
+            node=rank.node,
+            gpu=index,
+            gpu_util=util,
+            held_since=rank.started_at or rank.assigned_at,
+        )
+        for rank, job, index, util in _held_gpus(session, now, metrics_interval_s)
+        if util < below_pct
+    ]
     out.sort(key=lambda g: (g.held_since, g.job_id, g.node, g.gpu))
     return out
