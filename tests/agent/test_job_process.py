@@ -105,7 +105,7 @@ def pids_in(path: Path) -> list[int]:
 
 @pytest.fixture
 def executor(tmp_path: Path) -> ProcessExecutor:
-    return ProcessExecutor(tmp_path / "spool", grace_s=GRACE_S, track_s=0.05)
+    return ProcessExecutor(tmp_path / "spool", min_uid=0, grace_s=GRACE_S, track_s=0.05)
 
 
 @pytest.fixture
@@ -308,6 +308,16 @@ def test_an_unknown_user_is_an_error(executor: ProcessExecutor) -> None:
     assert ran.result == RankResult("error", message="user no-such-user-gf does not exist on this node")
 
 
+def test_a_system_account_never_runs_a_job(tmp_path: Path) -> None:
+    """A cluster user named like a local system account (root, daemon) must not become it on the node."""
+    guarded = ProcessExecutor(tmp_path / "spool", grace_s=GRACE_S, track_s=0.05)  # the agent's default floor
+    ran = run(guarded, launch(user="root", argv=["true"]))
+    assert ran.result.outcome == "error"
+    assert "refusing to run a job as root: uid 0 is a system account" in ran.result.message
+    with pytest.raises(CannotStart, match="system account"):
+        identity("daemon")
+
+
 def test_an_agent_that_is_not_root_runs_only_its_own_users_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     nobody = pwd.getpwnam("nobody")
     monkeypatch.setattr(os, "geteuid", lambda: nobody.pw_uid + 1)
@@ -369,7 +379,7 @@ def test_the_child_enters_its_cgroup_before_it_becomes_the_user_and_is_killed_th
     need_root()
     parent = CgroupParent.detect(fake_cgroup_root(tmp_path))
     assert parent is not None
-    executor = ProcessExecutor(tmp_path / "spool", grace_s=GRACE_S, cgroups=parent, track_s=0.05)
+    executor = ProcessExecutor(tmp_path / "spool", min_uid=0, grace_s=GRACE_S, cgroups=parent, track_s=0.05)
     start = launch(user="nobody", script="trap '' TERM; sleep 300", cpus=2, mem_mib=512)
     rank = parent.path / f"job-{start.job_id}-1-0"
     rank.mkdir()  # what the kernel would provide: cgroup.procs and cgroup.kill (root's, mode 644)
@@ -457,7 +467,7 @@ def test_no_container_runtime_is_an_error(executor: ProcessExecutor, tmp_path: P
 
     for ran in (image, rootfs):
         assert ran.result == RankResult("error", message="no container runtime (podman or bubblewrap) on this node")
-    only_bwrap = ProcessExecutor(tmp_path, containers=Containers(None, "/usr/bin/bwrap"))
+    only_bwrap = ProcessExecutor(tmp_path, min_uid=0, containers=Containers(None, "/usr/bin/bwrap"))
     assert "needs podman" in run(only_bwrap, launch(container=IMAGE, argv=["true"])).result.message
 
 
@@ -491,7 +501,7 @@ def podman_executor(container_setup: ContainerSetup, tmp_path: Path) -> ProcessE
     rt = Containers.detect(container_setup.podman_env)
     if rt.podman is None:
         need("podman", "not on PATH after containers.sh install")
-    return ProcessExecutor(tmp_path / "spool", grace_s=GRACE_S, containers=rt, track_s=0.05)
+    return ProcessExecutor(tmp_path / "spool", min_uid=0, grace_s=GRACE_S, containers=rt, track_s=0.05)
 
 
 def podman_names(setup: ContainerSetup) -> list[str]:
@@ -564,7 +574,9 @@ def test_bubblewrap_runs_a_root_file_system_as_the_user(
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         need("bubblewrap", "bwrap not on PATH after containers.sh install")
-    executor = ProcessExecutor(tmp_path / "spool", grace_s=GRACE_S, containers=Containers(None, bwrap), track_s=0.05)
+    executor = ProcessExecutor(
+        tmp_path / "spool", min_uid=0, grace_s=GRACE_S, containers=Containers(None, bwrap), track_s=0.05
+    )
     work = open_dir / "work"
     work.mkdir(mode=0o777)
     work.chmod(0o777)

@@ -74,7 +74,7 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
                 checks_interval_s=settings.checks_interval_s,
                 jobs=JobSupervisor(
                     ProcessExecutor.on_this_node(
-                        settings.job_spool_dir, settings.job_kill_grace_s, settings.job_podman_env
+                        settings.job_spool_dir, settings.job_kill_grace_s, settings.job_podman_env, settings.job_min_uid
                     )
                 ),
             )

@@ -90,6 +90,7 @@ class Settings(BaseSettings):
     job_kill_grace_s: float = Field(
         10.0, ge=0, le=3600, description="SIGTERM to SIGKILL, when a job is cancelled or out of time"
     )
+    job_min_uid: int = Field(1000, ge=0, description="jobs never run as a local account with a lower uid")
     job_podman_env: dict[str, str] = Field(
         default_factory=dict, description="extra environment for podman, e.g. CONTAINERS_CONF"
     )

@@ -35,13 +35,23 @@ class Identity:
     switch: bool
 
 
-def identity(user: str) -> Identity:
+# Jobs never run as a system account (root, daemon, ...): a cluster user named like one on the head
+# must not become it on the nodes. Cluster users get uids from 1000 up (auth.users).
+DEFAULT_MIN_UID = 1000
+
+
+def identity(user: str, min_uid: int = DEFAULT_MIN_UID) -> Identity:
     """`user` as this node's passwd and group databases know them. Raises CannotStart when the user
-    does not exist or the agent, not being root, cannot become them."""
+    does not exist, is a system account (uid below `min_uid`), or the agent, not being root, cannot
+    become them."""
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
         raise CannotStart(f"user {user} does not exist on this node") from None
+    if entry.pw_uid < min_uid:
+        raise CannotStart(
+            f"refusing to run a job as {user}: uid {entry.pw_uid} is a system account (job_min_uid is {min_uid})"
+        )
     own = os.geteuid()
     if own not in (0, entry.pw_uid):
         raise CannotStart(f"the agent is not root, so it cannot run jobs as {user}")

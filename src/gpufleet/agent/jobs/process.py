@@ -56,6 +56,7 @@ from typing import Literal
 from gpufleet.agent.jobs.cgroups import CgroupParent, cgroup_kill, cgroup_remove
 from gpufleet.agent.jobs.containers import Containers, bwrap_command, container_name, podman_command
 from gpufleet.agent.jobs.identity import (
+    DEFAULT_MIN_UID,
     DEFAULT_PATH,
     CannotStart,
     Identity,
@@ -136,8 +137,10 @@ class ProcessExecutor:
         cgroups: CgroupParent | None = None,
         containers: Containers | None = None,
         track_s: float = 1.0,
+        min_uid: int = DEFAULT_MIN_UID,
     ) -> None:
         self.spool_dir = spool_dir
+        self.min_uid = min_uid
         self.grace_s = grace_s
         self.cgroups = cgroups
         self.containers = containers or Containers()
@@ -145,11 +148,16 @@ class ProcessExecutor:
 
     @classmethod
     def on_this_node(
-        cls, spool_dir: Path, grace_s: float = 10.0, podman_env: Mapping[str, str] | None = None
+        cls,
+        spool_dir: Path,
+        grace_s: float = 10.0,
+        podman_env: Mapping[str, str] | None = None,
+        min_uid: int = DEFAULT_MIN_UID,
     ) -> ProcessExecutor:
         """An executor with the cgroups and container runtimes this node has (see Containers for `podman_env`)."""
         containers = Containers.detect(podman_env)
-        return cls(spool_dir, grace_s=grace_s, cgroups=CgroupParent.detect(), containers=containers)
+        cgroups = CgroupParent.detect()
+        return cls(spool_dir, grace_s=grace_s, cgroups=cgroups, containers=containers, min_uid=min_uid)
 
     async def run(
         self, launch: JobStart, on_started: OnStarted, on_output: OnOutput, cancel: asyncio.Event
@@ -165,7 +173,7 @@ class ProcessExecutor:
             return RankResult("error", message=f"the agent failed to run the job: {exc}"[:512])
 
     def _prepare(self, launch: JobStart) -> _Prepared:
-        who = identity(launch.user)
+        who = identity(launch.user, self.min_uid)
         workdir = workdir_for(launch, who)
         key = f"{launch.job_id}-{launch.run}-{launch.rank}"
         env = job_environment(launch, who)
