@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# A throwaway single-node Slurm for gpufleet's tests (tests/slurm): Debian's Slurm 22.05 (slurmctld, slurmd,
+# the client programs) and munge, with a fake GPU GRES, every file private to a state directory. It never
+# touches /etc/slurm, /etc/munge or a packaged service, and needs no systemd and no cgroups.
+# Usage: slurm.sh install|start|stop|status
+#   GPUFLEET_SLURM_STATE (default /tmp/gpufleet-test-slurm)  GPUFLEET_SLURM_GPUS (default 4)
+#   GPUFLEET_SLURMCTLD_PORT (default 16817)  GPUFLEET_SLURMD_PORT (default 16818)
+# install: apt-get install the packages when missing (root only; otherwise exit 3).
+# start:   installs, starts munged, slurmctld and slurmd (root: SlurmUser=root), waits for the node to be
+#          idle, and prints the path of $STATE/env (shell exports: SLURM_CONF, SLURM_NODE, SLURM_GPUS,
+#          SLURM_JOBOUT). Already running: prints the path again.
+# Why the configuration (Debian 12, no systemd, root; see also ../shared/recipes/slurm-single-node.sh):
+#  * proctrack/linuxproc + task/none: no cgroup plugin is needed.
+#  * GRES File= must name character devices, else slurmd refuses them ("is not a valid character or block
+#    device") and CUDA_VISIBLE_DEVICES stays empty: we mknod c 240 N under $STATE/dev (no driver behind them).
+#  * No slurmdbd: accounting_storage/none; finished jobs are in $STATE/log/jobcomp.txt (`sacct -c`).
+#  * ReturnToService=2: a node that was DOWN comes back by itself when slurmd registers again.
+set -euo pipefail
+STATE=${GPUFLEET_SLURM_STATE:-/tmp/gpufleet-test-slurm}
+NGPU=${GPUFLEET_SLURM_GPUS:-4}
+CTLD_PORT=${GPUFLEET_SLURMCTLD_PORT:-16817}
+SLURMD_PORT=${GPUFLEET_SLURMD_PORT:-16818}
+NODE=$(hostname -s)
+MUNGE_SOCK=$STATE/munge/munge.sock
+export SLURM_CONF=$STATE/etc/slurm.conf
+
+alive() { # $1 = pid file; true while that process runs (a zombie does not count)
+  local pid st
+  [ -f "$1" ] || return 1
+  pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] || return 1
+  st=$(ps -o stat= -p "$pid" 2>/dev/null) || return 1
+  [[ $st != Z* ]]
+}
+
+wait_for() { # $1 = seconds, then a command to retry every 0.2 s
+  local tries=$(($1 * 5))
+  shift
+  for _ in $(seq 1 "$tries"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  return 1
+}
+
+install() {
+  local missing=()
+  for p in slurmctld slurmd slurm-client munge; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ ${#missing[@]} -eq 0 ]; then return 0; fi
+  if [ "$(id -u)" != 0 ]; then
+    echo "slurm: ${missing[*]} not installed and not root (apt-get install ${missing[*]})" >&2; return 3
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+configure() {
+  mkdir -p "$STATE"/{etc,spool/ctld,spool/d,log,run,dev,munge,jobout}
+  chmod 755 "$STATE" "$STATE/etc" "$STATE/run" "$STATE/munge"  # munge wants its socket's directory 0755
+  chmod 1777 "$STATE/jobout"
+  if [ ! -s "$STATE/munge/munge.key" ]; then
+    dd if=/dev/urandom of="$STATE/munge/munge.key" bs=1024 count=1 status=none
+    chmod 600 "$STATE/munge/munge.key"
+  fi
+  local i
+  for i in $(seq 0 $((NGPU - 1))); do
+    [ -c "$STATE/dev/fakegpu$i" ] || { rm -f "$STATE/dev/fakegpu$i"; mknod -m 666 "$STATE/dev/fakegpu$i" c 240 "$i"; }
+  done
+  cat >"$SLURM_CONF" <<EOF
+ClusterName=gpufleet
+SlurmctldHost=$NODE(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$MUNGE_SOCK
+StateSaveLocation=$STATE/spool/ctld
+SlurmdSpoolDir=$STATE/spool/d
+SlurmctldPidFile=$STATE/run/slurmctld.pid
+SlurmdPidFile=$STATE/run/slurmd.pid
+SlurmctldLogFile=$STATE/log/slurmctld.log
+SlurmdLogFile=$STATE/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/linux
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$STATE/log/jobcomp.txt
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+MpiDefault=none
+SlurmctldTimeout=30
+SlurmdTimeout=30
+GresTypes=gpu
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=1000 Gres=gpu:fake:$NGPU State=UNKNOWN
+PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+  cat >"$STATE/etc/gres.conf" <<EOF
+AutoDetect=off
+NodeName=$NODE Name=gpu Type=fake File=$STATE/dev/fakegpu[0-$((NGPU - 1))]
+EOF
+  cat >"$STATE/env" <<EOF
+export SLURM_CONF=$SLURM_CONF
+export SLURM_NODE=$NODE
+export SLURM_GPUS=$NGPU
+export SLURM_JOBOUT=$STATE/jobout
+EOF
+}
+
+fail() { # $1 = message, $2 = log to show
+  echo "slurm: $1" >&2
+  [ -f "$2" ] && tail -20 "$2" >&2
+  return 1
+}
+
+start() {
+  install
+  if alive "$STATE/run/slurmctld.pid" && alive "$STATE/run/slurmd.pid"; then echo "$STATE/env"; return 0; fi
+  stop >/dev/null 2>&1 || true
+  rm -rf "$STATE/spool" "$STATE/log" "$STATE/jobout"
+  configure
+  munged --socket="$MUNGE_SOCK" --key-file="$STATE/munge/munge.key" --log-file="$STATE/log/munged.log" \
+    --pid-file="$STATE/run/munged.pid" --seed-file="$STATE/munge/munged.seed"
+  wait_for 10 bash -c "munge -n --socket='$MUNGE_SOCK' | unmunge --socket='$MUNGE_SOCK'" \
+    || fail "munged did not come up" "$STATE/log/munged.log"
+  slurmctld -c  # -c: a clean start, forgetting earlier jobs and node states
+  wait_for 20 scontrol ping || fail "slurmctld did not come up" "$STATE/log/slurmctld.log"
+  slurmd
+  wait_for 30 bash -c "sinfo -h -N -o %T | grep -qx idle" || fail "slurmd did not register" "$STATE/log/slurmd.log"
+  echo "$STATE/env"
+}
+
+stop() {
+  local d
+  for d in slurmd slurmctld munged; do
+    if alive "$STATE/run/$d.pid"; then
+      kill "$(cat "$STATE/run/$d.pid")" || true
+      for _ in $(seq 1 100); do alive "$STATE/run/$d.pid" || break; sleep 0.1; done
+    fi
+    rm -f "$STATE/run/$d.pid"
+  done
+  echo "slurm: stopped"
+}
+
+status() {
+  local d rc=0
+  for d in munged slurmctld slurmd; do
+    if alive "$STATE/run/$d.pid"; then echo "$d: running (pid $(cat "$STATE/run/$d.pid"))"; else echo "$d: not running"; rc=1; fi
+  done
+  [ $rc = 0 ] && echo "slurm: running (source $STATE/env)"
+  return $rc
+}
+
+case "${1:-}" in
+  install) install ;; start) start ;; stop) stop ;; status) status ;;
+  *) echo "usage: $0 install|start|stop|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,88 @@
+"""Slurm fixtures: a real single-node Slurm (scripts/services/slurm.sh) for the tests marked `slurm`, and a
+SQLite database for the unit tests here (no PostgreSQL needed to test parsing and the drain rule).
+
+The real Slurm is started once per test run under a file lock (xdist workers share it) and left running,
+like PostgreSQL; `bash scripts/services/slurm.sh stop` stops it. Where Slurm cannot be installed or
+started the tests skip with the reason, unless GPUFLEET_REQUIRE_SERVICES=1 (CI), which makes that a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from tests.conftest import ROOT, need
+
+SLURM_LOCK = Path("/tmp") / "gpufleet-test-slurm.lock"
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """The running test Slurm: its environment (SLURM_CONF, SLURM_NODE, SLURM_GPUS, SLURM_JOBOUT)."""
+
+    env: dict[str, str]
+
+    @property
+    def conf(self) -> str:
+        return self.env["SLURM_CONF"]
+
+    @property
+    def node(self) -> str:
+        return self.env["SLURM_NODE"]
+
+    @property
+    def gpus(self) -> int:
+        return int(self.env["SLURM_GPUS"])
+
+    @property
+    def jobout(self) -> Path:
+        return Path(self.env["SLURM_JOBOUT"])
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        words = shlex.split(line)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, value = words[1].split("=", 1)
+            env[key] = value
+    return env
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> SlurmCluster:
+    """A real slurmctld + slurmd + munge on this machine, with a fake 4-GPU GRES."""
+    if os.geteuid() != 0:
+        need("Slurm", "the test Slurm runs its daemons as root (SlurmUser=root); run the tests as root")
+    with FileLock(str(SLURM_LOCK)):
+        result = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "services" / "slurm.sh"), "start"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        need("Slurm", lines[-1] if lines else f"slurm.sh start exited {result.returncode}")
+    return SlurmCluster(_read_env(Path(result.stdout.strip().splitlines()[-1])))
+
+
+@pytest.fixture
+def slurm_lock() -> Iterator[None]:
+    """Tests that change the one Slurm node's state hold this, so xdist workers take turns."""
+    with FileLock(str(Path("/tmp") / "gpufleet-test-slurm-node.lock")):
+        yield
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    """The tests here need a node row, not both databases: SQLite only."""
+    return f"sqlite:///{tmp_path / 'gpufleet.db'}"
