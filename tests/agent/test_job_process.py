@@ -21,8 +21,14 @@ import pytest
 from filelock import FileLock
 
 from gpufleet.agent.jobs.cgroups import CgroupParent
-from gpufleet.agent.jobs.containers import Containers, bwrap_command, podman_command
-from gpufleet.agent.jobs.identity import CannotStart, Identity, identity
+from gpufleet.agent.jobs.containers import (
+    Containers,
+    bwrap_command,
+    env_file_text,
+    podman_command,
+    podman_environment,
+)
+from gpufleet.agent.jobs.identity import DEFAULT_PATH, CannotStart, Identity, identity
 from gpufleet.agent.jobs.ports import JobExecutor, RankResult
 from gpufleet.agent.jobs.process import ProcessExecutor
 from gpufleet.protocol.jobs import MAX_OUTPUT_CHUNK, JobStart
@@ -421,11 +427,8 @@ def test_the_podman_command(tmp_path: Path) -> None:
         container="registry.example/train:1", argv=["python", "t.py"], gpu_indexes=[0, 2], mem_mib=1024, cpus=8
     )
     who = Identity("alice", 2001, 2001, (2001, 3000), "/home/alice", "/bin/bash", True)
-    client = {"PATH": "/usr/bin", "CONTAINERS_CONF": "/x"}
 
-    argv = podman_command(
-        "/usr/bin/podman", "registry.example/train:1", rt, start, who, "/home/alice", {"A": "1", "PATH": "/p"}, client
-    )
+    argv = podman_command("/usr/bin/podman", "registry.example/train:1", rt, start, who, "/home/alice", "/s/1.env")
 
     assert argv[:2] == ["/usr/bin/podman", "run"]
     assert argv[-3:] == ["registry.example/train:1", "python", "t.py"]
@@ -433,7 +436,9 @@ def test_the_podman_command(tmp_path: Path) -> None:
     assert f"--name gpufleet-{start.job_id}-1-0" in joined
     assert "--network host" in joined
     assert "--user 2001:2001 --group-add 3000" in joined
-    assert "-e A -e PATH=/p" in joined  # values from podman's environment, except those it needs itself
+    assert "--security-opt no-new-privileges --cap-drop=all" in joined
+    assert "--env-file /s/1.env" in joined  # the job's variables: never on the command line
+    assert "-e" not in argv
     assert "--memory 1024m --cpus 8" in joined
     assert "-v /home/alice:/home/alice -w /home/alice" in joined
     devices = [f"{tmp_path}/dev/{name}" for name in ("nvidia0", "nvidia2", "nvidiactl", "nvidia-uvm")]
@@ -441,12 +446,127 @@ def test_the_podman_command(tmp_path: Path) -> None:
 
     (tmp_path / "cdi").mkdir()
     (tmp_path / "cdi" / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
-    argv = podman_command("/usr/bin/podman", "img", rt, start, who, "/", {}, client)
+    argv = podman_command("/usr/bin/podman", "img", rt, start, who, "/", "/s/1.env")
     assert [argv[i + 1] for i, word in enumerate(argv) if word == "--device"] == [
         "nvidia.com/gpu=0",
         "nvidia.com/gpu=2",
     ]
     assert "-v" not in argv
+
+
+def test_podmans_own_environment_is_fixed_and_the_jobs_goes_to_its_env_file(tmp_path: Path) -> None:
+    rt = Containers("/usr/bin/podman", None, {"CONTAINERS_STORAGE_CONF": "/etc/gf/storage.conf"})
+    executor = ProcessExecutor(tmp_path / "spool", min_uid=0, containers=rt)
+    job_env = {"LD_PRELOAD": "/tmp/evil.so", "CONTAINERS_CONF": "/tmp/evil.conf", "PATH": "/evil", "FOO": "a b=c"}
+    start = launch(container=IMAGE, argv=["true"], env=job_env, gpu_uuids=["GPU-1"])
+
+    prepared = executor._prepare(start)
+
+    home = pwd.getpwuid(os.geteuid()).pw_dir
+    expected = {
+        "PATH": DEFAULT_PATH,
+        "HOME": home,
+        "LANG": "C.UTF-8",
+        "CONTAINERS_STORAGE_CONF": "/etc/gf/storage.conf",
+    }
+    assert prepared.env == expected == podman_environment(rt)
+    env_file = tmp_path / "spool" / f"{start.job_id}-1-0.env"
+    assert prepared.env_file == env_file
+    assert prepared.argv[prepared.argv.index("--env-file") + 1] == str(env_file)
+    lines = prepared.env_text.splitlines()
+    assert {"LD_PRELOAD=/tmp/evil.so", "CONTAINERS_CONF=/tmp/evil.conf", "PATH=/evil", "FOO=a b=c"} <= set(lines)
+    assert {"CUDA_VISIBLE_DEVICES=GPU-1", f"GPUFLEET_JOB_ID={start.job_id}", "NODE_RANK=0"} <= set(lines)
+    assert "/tmp/evil" not in " ".join(prepared.argv)
+
+
+@pytest.mark.parametrize("value", ["two\nlines", "cr\r", '"quoted"', "'quoted'"])
+def test_what_an_env_file_cannot_carry_is_refused(value: str) -> None:
+    assert env_file_text({"A": "ok", "B": 'in"side'}) == 'A=ok\nB=in"side\n'
+    with pytest.raises(CannotStart, match="cannot have the variable X"):
+        env_file_text({"X": value})
+
+
+def fake_podman(tmp_path: Path) -> tuple[ProcessExecutor, Path]:
+    """An executor whose podman records its environment, its env file and that file's mode."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    podman = tmp_path / "podman"
+    podman.write_text(
+        f"""#!/bin/sh
+env > {seen}/env
+prev=
+for arg; do
+  if [ "$prev" = --env-file ]; then cp "$arg" {seen}/env-file; stat -c %a "$arg" > {seen}/mode; fi
+  prev=$arg
+done
+"""
+    )
+    podman.chmod(0o755)
+    executor = ProcessExecutor(tmp_path / "spool", min_uid=0, grace_s=GRACE_S, containers=Containers(str(podman)))
+    return executor, seen
+
+
+def test_a_container_jobs_variables_reach_podman_only_through_a_private_env_file(tmp_path: Path) -> None:
+    executor, seen = fake_podman(tmp_path)
+    start = launch(container=IMAGE, argv=["true"], env={"LD_PRELOAD": "/tmp/evil.so", "SECRET": "s3"})
+
+    ran = run(executor, start)
+
+    assert ran.result == RankResult("completed", 0, ""), ran.chunks
+    podman_env = (seen / "env").read_text()
+    assert "evil" not in podman_env
+    assert "s3" not in podman_env
+    assert {"LD_PRELOAD=/tmp/evil.so", "SECRET=s3"} <= set((seen / "env-file").read_text().splitlines())
+    assert (seen / "mode").read_text().strip() == "600"
+    assert not (tmp_path / "spool" / f"{start.job_id}-1-0.env").exists()  # removed once the rank ended
+
+
+def test_a_container_workdir_the_user_cannot_enter_is_refused(tmp_path: Path, open_dir: Path) -> None:
+    executor, seen = fake_podman(tmp_path)
+
+    missing = run(executor, launch(container=IMAGE, argv=["true"], workdir=str(tmp_path / "missing")))
+
+    assert missing.result.outcome == "error"
+    assert "cannot enter it" in missing.result.message
+    need_root()
+    inner = tmp_path / "inner"  # open itself, but below pytest's directory, which is root's alone
+    inner.mkdir(mode=0o777)
+
+    closed = run(executor, launch(container=IMAGE, user="nobody", argv=["true"], workdir=str(inner)))
+
+    assert closed.result == RankResult(
+        "error", message=f"the workdir {inner} does not exist on this node or nobody cannot enter it"
+    )
+    assert closed.started == 0
+    assert not (seen / "env").exists()  # podman never ran
+    opened = run(executor, launch(container=IMAGE, user="nobody", argv=["true"], workdir=str(open_dir)))
+    assert opened.result.outcome == "completed", opened.result
+
+
+def test_leftovers_of_an_earlier_agent_are_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gpufleet.agent.jobs.process.KILL_WAIT_S", 0.5)
+    leftover = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    cgroup = tmp_path / "cgroup" / "gpufleet"
+    (cgroup / "job-7-1-0").mkdir(parents=True)
+    (cgroup / "job-7-1-0" / "cgroup.procs").write_text(f"{leftover.pid}\n")
+    (cgroup / "other").mkdir()
+    calls = tmp_path / "calls"
+    podman = tmp_path / "podman"
+    podman.write_text(f"""#!/bin/sh
+echo "$@" >> {calls}
+[ "$1" = ps ] && printf 'gpufleet-7-1-0\\ngpufleet-8-2-1\\n'
+exit 0
+""")
+    podman.chmod(0o755)
+    executor = ProcessExecutor(tmp_path / "spool", cgroups=CgroupParent(cgroup), containers=Containers(str(podman)))
+
+    found = asyncio.run(executor.reap_leftovers())
+
+    assert found == 3
+    assert leftover.wait(timeout=5) == -9
+    assert calls.read_text().splitlines()[-1] == "rm --force --time 0 gpufleet-7-1-0 gpufleet-8-2-1"
+    assert "name=^gpufleet-" in calls.read_text().splitlines()[0]
+    assert asyncio.run(ProcessExecutor(tmp_path / "spool").reap_leftovers()) == 0  # nothing to look at
 
 
 def test_the_bubblewrap_command(tmp_path: Path) -> None:

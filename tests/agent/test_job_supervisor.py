@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from gpufleet.agent.jobs.ports import OnOutput, OnStarted, RankResult
-from gpufleet.agent.jobs.supervisor import JobSupervisor
+from gpufleet.agent.jobs.supervisor import MAX_OUTPUT_MESSAGE_BYTES, JobSupervisor, split_output
 from gpufleet.protocol.jobs import MAX_OUTPUT_CHUNK, JobAck, JobCancel, JobStart
 
 
@@ -137,3 +137,46 @@ async def _a_crash_loses_every_rank_without_a_word() -> None:
     await asyncio.sleep(0.01)
     sup.connected()
     assert [(m["type"], m.get("ranks")) for m in await _drain(sup)] == [("job_held", [])]
+
+
+def test_output_messages_stay_under_the_byte_budget_whatever_the_characters() -> None:
+    asyncio.run(_output_messages_stay_under_the_byte_budget_whatever_the_characters())
+
+
+async def _output_messages_stay_under_the_byte_budget_whatever_the_characters() -> None:
+    executor = Scripted()
+    sup = JobSupervisor(executor, flush_s=0.01)
+    sup.start(_start(5))
+    await asyncio.sleep(0)
+    write = executor.outputs[5]
+    escapes = "\x1b[0m\x00\x01" * 20_000  # 6 bytes each as JSON (\u001b, \u0000), "[0m" 1 each
+    emoji = '🚀é"\\' * 20_000  # 4 and 2 bytes of UTF-8, 2 bytes escaped
+    write("stdout", escapes)
+    write("stderr", emoji)
+    executor.release[5].set()
+    await asyncio.sleep(0.05)
+    sent: list[str] = []
+
+    async def send(text: str) -> None:
+        sent.append(text)
+
+    task = asyncio.create_task(sup.send_forever(send))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    chunks = [json.loads(text) for text in sent if json.loads(text)["type"] == "job_output"]
+    assert all(len(text.encode()) <= MAX_OUTPUT_MESSAGE_BYTES for text in sent)
+    assert max(len(text.encode()) for text in sent) > MAX_OUTPUT_MESSAGE_BYTES - 1024  # parts are not tiny
+    for stream, data in (("stdout", escapes), ("stderr", emoji)):
+        parts = [m for m in chunks if m["stream"] == stream]
+        assert len(parts) > 1
+        assert "".join(m["data"] for m in parts) == data
+        offsets = [m["offset"] for m in parts]
+        assert offsets == [sum(len(m["data"]) for m in parts[:i]) for i in range(len(parts))]  # in characters
+
+
+def test_split_output_bounds_characters_and_bytes() -> None:
+    assert list(split_output("")) == []
+    assert list(split_output("abcdef", max_chars=4)) == ["abcd", "ef"]
+    assert list(split_output("\x00\x00\x00", max_bytes=12)) == ["\x00\x00", "\x00"]
+    assert list(split_output("🚀🚀🚀", max_bytes=9)) == ["🚀🚀", "🚀"]
+    assert list(split_output("\x00", max_bytes=1)) == ["\x00"]  # one character always goes

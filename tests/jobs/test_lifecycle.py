@@ -328,3 +328,35 @@ def test_a_pass_places_nothing_that_changed_since_its_snapshot(setup: sessionmak
     assert job(setup, cancelled).state is JobState.CANCELLED
     assert job(setup, drained).state is JobState.PENDING
     assert ranks(setup, cancelled) == ranks(setup, drained) == []
+
+
+def test_a_held_rank_the_head_has_no_live_record_of_is_returned_to_be_stopped(
+    setup: sessionmaker[Session], clock: FakeClock
+) -> None:
+    one = submit(setup, clock, gpus_per_node=8)
+    tick(setup, clock)
+    node = ranks(setup, one)[0].node
+    report(setup, clock, one, outcome="completed")  # ended and recorded; then the agent restarts holding it
+    held = [RankRef(job_id=one, run=1, rank=0), RankRef(job_id=424242, run=1, rank=0)]
+    with transaction(setup) as s:
+        strays = lifecycle.ranks_held(s, clock, node_id(setup, node), held, TICK.max_requeues)
+    assert [(r.job_id, r.run, r.rank) for r in strays] == [(one, 1, 0), (424242, 1, 0)]
+
+
+def test_a_pass_never_places_on_a_gpu_taken_since_its_snapshot(setup: sessionmaker[Session], clock: FakeClock) -> None:
+    """Two leaders overlapping (a stalled old one): the second apply finds the GPUs taken and waits."""
+    from gpufleet.jobs import tick as passes
+
+    first = submit(setup, clock, gpus_per_node=8, nodes=2)
+    with transaction(setup, readonly=True) as s:
+        stale = passes.plan(s, clock, TICK)
+    tick(setup, clock)  # the new leader places it
+    second = submit(setup, clock, gpus_per_node=8, nodes=2)
+    with transaction(setup, readonly=True) as s:
+        also_stale = passes.plan(s, clock, TICK)
+    # The old leader's plan, re-aimed at the second job: it must not land on the first job's GPUs.
+    also_stale.placements = [type(p)(str(second), p.allocation) for p in stale.placements]
+    with transaction(setup) as s:
+        assert passes.apply(s, clock, also_stale, TICK).placed == []
+    assert job(setup, first).state is JobState.RUNNING
+    assert job(setup, second).state is JobState.PENDING

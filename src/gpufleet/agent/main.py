@@ -53,6 +53,12 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
     secret, pin = split_join_token(join_token) if join_token else (None, None)
 
     async def main() -> None:
+        executor = ProcessExecutor.on_this_node(
+            settings.job_spool_dir, settings.job_kill_grace_s, settings.job_podman_env, settings.job_min_uid
+        )
+        # Job processes left by an agent that died (they run in their own session and cgroup): killed
+        # before the first job_held tells the head this node holds nothing, so their GPUs are truly free.
+        await executor.reap_leftovers()
         context = await with_retry(
             lambda: head_context(
                 settings.server, pin, settings.agent_state_dir, settings.ca_file, settings.insecure_http
@@ -72,11 +78,7 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
                 metrics_interval_s=settings.metrics_interval_s,
                 checks=checks,
                 checks_interval_s=settings.checks_interval_s,
-                jobs=JobSupervisor(
-                    ProcessExecutor.on_this_node(
-                        settings.job_spool_dir, settings.job_kill_grace_s, settings.job_podman_env, settings.job_min_uid
-                    )
-                ),
+                jobs=JobSupervisor(executor),
             )
             await Agent(options, store, AgentHttp(settings.server, http), read).run()
 

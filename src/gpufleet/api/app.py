@@ -147,7 +147,9 @@ def create_app(
         settings=settings,
         sessions=sessions,
         clock=clock,
-        is_leader=lambda: loops.is_leader,
+        # Only inside the lease's validity, as the sweep: a stalled old leader must not schedule
+        # alongside a new one.
+        is_leader=lambda: loops.is_leader and clock.now() < loops.lease_valid_until,
         nodes_here=hub.node_ids,
         send=hub.send_threadsafe,
     )

@@ -63,7 +63,7 @@ def list_projects(session: Session) -> list[Project]:
 
 
 def create_project(session: Session, clock: Clock, name: str, description: str = "") -> Project:
-    if not PROJECT_NAME.match(name):
+    if not PROJECT_NAME.fullmatch(name):
         raise InvalidInput(f"invalid project name {name!r}: lowercase letters, digits, '.', '_' and '-' (max 63)")
     if session.scalar(select(Project.id).where(Project.name == name)) is not None:
         raise Conflict(f"project already exists: {name}")

@@ -33,7 +33,7 @@ def list_users(session: Session) -> list[User]:
 
 def create_user(session: Session, clock: Clock, spec: UserCreate) -> User:
     """Raises InvalidInput for a bad name or password, Conflict for a taken name or uid."""
-    if not USERNAME.match(spec.username):
+    if not USERNAME.fullmatch(spec.username):  # fullmatch: "$" alone lets a trailing newline in
         raise InvalidInput(f"invalid username {spec.username!r}: lowercase letters, digits, '_' and '-' (max 32)")
     if spec.role is Role.NODE:
         raise InvalidInput("a user cannot have the node role")

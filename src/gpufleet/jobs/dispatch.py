@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from pydantic import ValidationError
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from gpufleet.core.clock import Clock, to_datetime
+from gpufleet.core.errors import describe
 from gpufleet.inventory.models import Node
+from gpufleet.jobs import lifecycle
 from gpufleet.jobs.models import Job, JobRank, RankState
 from gpufleet.protocol.jobs import JobCancel, JobStart
 
@@ -30,23 +33,27 @@ def master_port(job_id: int) -> int:
 
 
 def outgoing(session: Session, clock: Clock, node_ids: Collection[int]) -> Outgoing:
-    """Messages due for these nodes; marks them sent."""
+    """Messages due for these nodes; marks them sent. Due ranks' jobs are locked first (see
+    lifecycle.lock_jobs), so a cancel cannot pass between reading a rank unsent and marking it sent."""
     if not node_ids:
         return []
     now = clock.now()
     due = to_datetime(now - RESEND_S)
-    ranks = session.scalars(
-        select(JobRank).where(
-            JobRank.node_id.in_(list(node_ids)),
-            JobRank.state != RankState.EXITED,
-            or_(
-                (JobRank.cancel.is_(None))
-                & (JobRank.state == RankState.ASSIGNED)
-                & (JobRank.sent_at.is_(None) | (JobRank.sent_at < due)),
-                JobRank.cancel.is_not(None) & (JobRank.cancel_sent_at.is_(None) | (JobRank.cancel_sent_at < due)),
-            ),
-        )
+    wanted = (
+        JobRank.node_id.in_(list(node_ids)),
+        JobRank.state != RankState.EXITED,
+        or_(
+            (JobRank.cancel.is_(None))
+            & (JobRank.state == RankState.ASSIGNED)
+            & (JobRank.sent_at.is_(None) | (JobRank.sent_at < due)),
+            JobRank.cancel.is_not(None) & (JobRank.cancel_sent_at.is_(None) | (JobRank.cancel_sent_at < due)),
+        ),
     )
+    job_ids = list(session.scalars(select(JobRank.job_id).where(*wanted)))
+    if not job_ids:
+        return []
+    lifecycle.lock_jobs(session, job_ids)
+    ranks = session.scalars(select(JobRank).where(*wanted).execution_options(populate_existing=True))
     out: Outgoing = []
     masters: dict[int, str] = {}
     for rank in ranks:
@@ -55,10 +62,16 @@ def outgoing(session: Session, clock: Clock, node_ids: Collection[int]) -> Outgo
         if rank.cancel is not None:
             out.append((rank.node_id, JobCancel(job_id=rank.job_id, run=rank.run, rank=rank.rank, reason=rank.cancel)))
             rank.cancel_sent_at = to_datetime(now)
-        else:
-            job = rank.job
-            out.append((rank.node_id, _start(session, job, rank, masters, now)))
-            rank.sent_at = to_datetime(now)
+            continue
+        try:
+            start = _start(session, rank.job, rank, masters, now)
+        except ValidationError as exc:
+            # A job the message cannot carry (it passed submit's checks, so this is a bug): it fails
+            # alone, instead of every start to this replica's nodes failing with it.
+            lifecycle.exit_rank(session, clock, rank, "error", None, f"cannot send the job: {describe(exc)}", 0)
+            continue
+        out.append((rank.node_id, start))
+        rank.sent_at = to_datetime(now)
     session.flush()
     return out
 

@@ -36,6 +36,32 @@ def get_job(session: Session, job_id: int) -> Job:
     return job
 
 
+# Every change to a job or its ranks first locks the job's row, in id order when there are several.
+# On PostgreSQL (READ COMMITTED) two writers otherwise read the same state and both act on it: two
+# ranks ending together each see the other still running, a cancel slips between a placement's check
+# and its write. The row is re-read under the lock (populate_existing), ranks included. SQLite needs
+# none of this (a write transaction there is exclusive) and ignores FOR UPDATE.
+
+
+def lock_jobs(session: Session, job_ids: Iterable[int]) -> dict[int, Job]:
+    """The jobs with these ids that exist, locked until the transaction ends and freshly read."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    query = (
+        select(Job).where(Job.id.in_(ids)).order_by(Job.id).with_for_update().execution_options(populate_existing=True)
+    )
+    return {job.id: job for job in session.scalars(query)}
+
+
+def lock_job(session: Session, job_id: int) -> Job:
+    """Raises NotFound for an unknown job."""
+    job = lock_jobs(session, [job_id]).get(job_id)
+    if job is None:
+        raise NotFound(f"no such job: {job_id}")
+    return job
+
+
 @dataclass(frozen=True, slots=True)
 class NodeGpus:
     """What placing a rank on a node needs: the node's id, and its GPUs' UUIDs by index."""
@@ -95,7 +121,7 @@ def place(
 
 def cancel(session: Session, clock: Clock, job_id: int, actor: str, *, user: str | None, admin: bool) -> Job:
     """Cancel a pending or running job. Its user or a job admin may; others get Forbidden."""
-    job = get_job(session, job_id)
+    job = lock_job(session, job_id)
     if not admin and job.user != user:
         raise Forbidden(f"job {job_id} belongs to {job.user}; only its user or a job admin may cancel it")
     if job.state in FINAL_STATES:
@@ -153,6 +179,8 @@ def fail_run(session: Session, clock: Clock, job: Job, reason: str, max_requeues
 def rank_update(session: Session, clock: Clock, node_id: int, update: JobUpdate, max_requeues: int) -> bool:
     """Record an agent's report on one of its ranks. Returns whether it was recorded (a report about a rank
     this node does not hold is ignored: a node may speak only for its own ranks)."""
+    if not lock_jobs(session, [update.job_id]):
+        return False
     rank = _rank(session, node_id, update)
     if rank is None:
         return False
@@ -208,21 +236,30 @@ def _rank_ended(session: Session, clock: Clock, job: Job, rank: JobRank, max_req
 
 def _rank(session: Session, node_id: int, ref: RankRef) -> JobRank | None:
     return session.scalar(
-        select(JobRank).where(
+        select(JobRank)
+        .where(
             JobRank.job_id == ref.job_id, JobRank.run == ref.run, JobRank.rank == ref.rank, JobRank.node_id == node_id
         )
+        .execution_options(populate_existing=True)
     )
 
 
-def ranks_held(session: Session, clock: Clock, node_id: int, held: Iterable[RankRef], max_requeues: int) -> None:
+def ranks_held(
+    session: Session, clock: Clock, node_id: int, held: Iterable[RankRef], max_requeues: int
+) -> list[RankRef]:
     """Reconcile with the ranks an agent says it holds (sent after every connect).
 
     A rank the head thinks runs there but the agent does not hold is gone (the agent or node restarted):
     it exits as `lost`, and its job is requeued or ends node_fail. A rank the agent holds that should not
-    run (its job ended, or it belongs to an old run) is told to stop.
+    run (its job ended, or it belongs to an old run) is told to stop. Returns the ranks the agent holds
+    that the head has no live record of here (ended, or unknown): the caller tells the agent to stop them.
     """
     held_keys = {(r.job_id, r.run, r.rank) for r in held}
-    mine = session.scalars(select(JobRank).where(JobRank.node_id == node_id, JobRank.state != RankState.EXITED))
+    live = (JobRank.node_id == node_id) & (JobRank.state != RankState.EXITED)
+    lock_jobs(session, session.scalars(select(JobRank.job_id).where(live)))
+    mine = list(session.scalars(select(JobRank).where(live).execution_options(populate_existing=True)))
+    known = {(r.job_id, r.run, r.rank) for r in mine}
+    strays = [r for r in held if (r.job_id, r.run, r.rank) not in known]
     for rank in mine:
         key = (rank.job_id, rank.run, rank.rank)
         if key in held_keys:
@@ -235,6 +272,7 @@ def ranks_held(session: Session, clock: Clock, node_id: int, held: Iterable[Rank
             why = "the node's agent no longer holds it (the agent or the node restarted)"
             exit_rank(session, clock, rank, "lost", None, why, max_requeues)
         # An ASSIGNED rank not started yet: its job_start is simply sent again.
+    return strays
 
 
 # Ending what must end is split in two: `find_*` reads (in the scheduler pass's read-only
@@ -278,7 +316,7 @@ def find_orphans(session: Session) -> list[int]:
 
 
 def _still_running(session: Session, job_id: int, run: int) -> Job | None:
-    job = session.get(Job, job_id)
+    job = lock_jobs(session, [job_id]).get(job_id)
     return job if job is not None and job.state is JobState.RUNNING and job.run == run else None
 
 

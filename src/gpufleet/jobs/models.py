@@ -111,7 +111,8 @@ class JobRank(Base):
     message: Mapped[str] = mapped_column(String(512), default="")
     assigned_at: Mapped[datetime] = mapped_column(UTCDateTime())  # it holds its GPUs from here until ended_at
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
-    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    # Indexed: fair share and the usage report read the ranks that ended in a window.
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None, index=True)
     # Delivery: when job_start and job_cancel were last sent (resent until the agent answers).
     sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     cancel: Mapped[str | None] = mapped_column(String(256), default=None)  # why it must stop, if it must

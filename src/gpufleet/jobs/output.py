@@ -33,6 +33,8 @@ def store(session: Session, clock: Clock, chunks: Sequence[tuple[int, JobOutput]
         (r.job_id, r.run, r.rank): r.node_id
         for r in session.scalars(select(JobRank).where(JobRank.job_id.in_(job_ids)))
     }
+    # Only the keys this batch could collide with (its offsets), not every chunk the jobs ever stored.
+    offsets = {c.offset for _, c in chunks}
     existing: set[tuple[int, int, int, str, int]] = {
         (job_id, run, rank, stream, offset)
         for job_id, run, rank, stream, offset in session.execute(
@@ -42,7 +44,7 @@ def store(session: Session, clock: Clock, chunks: Sequence[tuple[int, JobOutput]
                 JobOutputChunk.rank,
                 JobOutputChunk.stream,
                 JobOutputChunk.offset,
-            ).where(JobOutputChunk.job_id.in_(job_ids))
+            ).where(JobOutputChunk.job_id.in_(job_ids), JobOutputChunk.offset.in_(offsets))
         )
     }
     stored = 0
@@ -51,7 +53,7 @@ def store(session: Session, clock: Clock, chunks: Sequence[tuple[int, JobOutput]
         key = (chunk.job_id, chunk.run, chunk.rank, chunk.stream, chunk.offset)
         if job is None or owners.get(key[:3]) != node_id or key in existing or job.output_chars > max_chars:
             continue
-        data = chunk.data
+        data = chunk.data.replace("\x00", "\ufffd")  # PostgreSQL text holds no NUL; a job may print one
         room = max_chars - job.output_chars
         if len(data) > room:
             data = data[:room] + TRUNCATED.format(limit=max_chars)

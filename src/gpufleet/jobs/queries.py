@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from sqlalchemy import case, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, lazyload
 
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.jobs.schemas import JobDetail, JobOut, RankOut
@@ -24,7 +24,7 @@ def list_jobs(
     limit: int = 500,
     offset: int = 0,
 ) -> list[Job]:
-    query = select(Job)
+    query = select(Job).options(lazyload(Job.ranks))  # a list shows no ranks: don't load thousands
     if states:
         query = query.where(Job.state.in_([s.value for s in states]))
     if user is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated
 
@@ -10,8 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from gpufleet.jobs.models import JobState
 from gpufleet.protocol.jobs import MAX_ARGV, MAX_ENV, MAX_SCRIPT_CHARS, Arg, EnvName, EnvValue
 
-# The job_start message must fit a 64 KiB channel frame with room to spare for the rest of it.
-MAX_COMMAND_CHARS = 48 * 1024
+# The job_start message must fit a 64 KiB channel frame with room to spare for the rest of it; counted
+# as encoded JSON bytes (escapes and multi-byte characters included), not characters.
+MAX_COMMAND_BYTES = 40 * 1024
 MAX_NODES_PER_JOB = 1024
 MAX_GPUS_PER_NODE = 64
 
@@ -44,10 +46,13 @@ class JobSubmit(BaseModel):
     def _one_command(self) -> JobSubmit:
         if bool(self.argv) == bool(self.script):
             raise ValueError("give either a command (argv) or a script, not both and not neither")
-        size = sum(len(a) for a in self.argv) + len(self.script or "")
-        size += sum(len(k) + len(v) for k, v in self.env.items())
-        if size > MAX_COMMAND_CHARS:
-            raise ValueError(f"command, script and environment together exceed {MAX_COMMAND_CHARS} characters")
+        texts = [self.name, self.project, self.user, self.script, self.workdir, self.container, self.category]
+        texts += [*self.argv, *self.env, *self.env.values()]
+        if any("\x00" in t for t in texts if t):
+            raise ValueError("NUL characters are not allowed")  # no process argument or database text holds one
+        size = len(json.dumps({"argv": self.argv, "script": self.script, "env": self.env}).encode())
+        if size > MAX_COMMAND_BYTES:
+            raise ValueError(f"command, script and environment together exceed {MAX_COMMAND_BYTES} bytes")
         return self
 
 

@@ -23,6 +23,8 @@ from gpufleet.inventory.models import Node
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.jobs.schemas import JobSubmit
 
+NAME_CHARS = 128  # Job.name and the job_start message's name
+
 
 @dataclass(frozen=True)
 class Submitter:
@@ -49,7 +51,7 @@ def submit(session: Session, clock: Clock, who: Submitter, spec: JobSubmit, limi
     if project is not None:
         _check_quota(session, project, spec.nodes * spec.gpus_per_node, time_limit)
     job = Job(
-        name=spec.name or (spec.argv[0].rsplit("/", 1)[-1] if spec.argv else "script"),
+        name=spec.name or (spec.argv[0].rsplit("/", 1)[-1][:NAME_CHARS] if spec.argv else "script"),
         user=run_as,
         project=project,
         submitted_by=who.actor,

@@ -16,7 +16,8 @@ transactions:
 
 Why placing from a snapshot is safe: between the two transactions GPUs can only be freed (agents report
 ranks gone), never taken, since only this pass creates ranks and only the leader runs it; a job
-cancelled or a node drained or lost in between is caught by the re-check.
+cancelled, a node drained or lost, or (should two leaders ever overlap) a GPU taken in between is
+caught by the re-check, made with the jobs' rows locked.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from gpufleet.core.clock import Clock
 from gpufleet.core.db import transaction
 from gpufleet.inventory.models import Gpu, Node
 from gpufleet.jobs import accounting, lifecycle
-from gpufleet.jobs.models import Job, JobState
+from gpufleet.jobs.models import Job, JobRank, JobState, RankState
 from gpufleet.jobs.scheduler import (
     JobRequest,
     NodeView,
@@ -160,18 +161,27 @@ def apply(session: Session, clock: Clock, found: Plan, settings: TickSettings) -
     session.flush()
     placed = []
     if found.placements:
-        usable = _schedulable(session, {n for p in found.placements for n in p.allocation})
+        names = {n for p in found.placements for n in p.allocation}
+        usable = _schedulable(session, names)
+        busy = _busy_gpus(session, names)
         ids = [int(p.job_id) for p in found.placements]
         jobs: dict[int, Job] = {}
         for start in range(0, len(ids), UPDATE_BATCH):
-            batch = ids[start : start + UPDATE_BATCH]
-            jobs.update({j.id: j for j in session.scalars(select(Job).where(Job.id.in_(batch)))})
+            jobs.update(lifecycle.lock_jobs(session, ids[start : start + UPDATE_BATCH]))
         for placement in found.placements:
             job = jobs.get(int(placement.job_id))
-            # Cancelled, or a node drained or lost, since the snapshot: it waits for the next pass.
-            if job is None or job.state is not JobState.PENDING or not usable.issuperset(placement.allocation):
+            wanted = {(node, gpu) for node, gpus in placement.allocation.items() for gpu in gpus}
+            # Cancelled, a node drained or lost, or a GPU taken (by a leader that overlapped this one)
+            # since the snapshot: it waits for the next pass.
+            if (
+                job is None
+                or job.state is not JobState.PENDING
+                or not usable.issuperset(placement.allocation)
+                or not busy.isdisjoint(wanted)
+            ):
                 continue
             lifecycle.place(session, clock, job, placement.allocation, found.gpus)
+            busy |= wanted
             placed.append(job.id)
     for reason, waiting in found.reasons.items():
         for start in range(0, len(waiting), UPDATE_BATCH):
@@ -182,6 +192,16 @@ def apply(session: Session, clock: Clock, found: Plan, settings: TickSettings) -
             )
     session.flush()
     return TickResult(placed=placed, ended=ended, waiting=found.waiting)
+
+
+def _busy_gpus(session: Session, names: set[str]) -> set[tuple[str, int]]:
+    """(node, GPU) pairs that ranks hold now on these nodes."""
+    rows = session.execute(
+        select(JobRank.node, JobRank.gpu_indexes).where(
+            JobRank.node.in_(list(names)), JobRank.state != RankState.EXITED
+        )
+    )
+    return {(node, gpu) for node, gpus in rows for gpu in gpus}
 
 
 def _schedulable(session: Session, names: set[str]) -> set[str]:

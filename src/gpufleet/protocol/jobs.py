@@ -34,8 +34,9 @@ EnvValue = Annotated[str, StringConstraints(max_length=MAX_ARG_CHARS)]
 class RankRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    job_id: int = Field(ge=1)
-    run: int = Field(ge=1)
+    # Bounded like the database's columns: an agent's report must never overflow one.
+    job_id: int = Field(ge=1, le=2**63 - 1)
+    run: int = Field(ge=1, le=2**31 - 1)
     rank: int = Field(ge=0, le=4095)
 
 
@@ -77,14 +78,14 @@ class JobUpdate(RankRef):
     type: Literal["job_update"] = "job_update"
     state: Literal["running", "exited"]
     outcome: Outcome | None = None
-    exit_code: int | None = None
+    exit_code: int | None = Field(default=None, ge=-(2**31), le=2**31 - 1)
     message: Annotated[str, StringConstraints(max_length=512)] = ""
 
 
 class JobOutput(RankRef):
     type: Literal["job_output"] = "job_output"
     stream: Stream
-    offset: int = Field(ge=0)  # characters of this stream sent before this chunk
+    offset: int = Field(ge=0, le=2**31 - 1)  # characters of this stream sent before this chunk
     data: Annotated[str, StringConstraints(max_length=MAX_OUTPUT_CHUNK)]
 
 

@@ -35,7 +35,7 @@ NODE_NAME_PATTERN = re.compile(NODE_NAME_RE)
 
 def check_node_name(name: str) -> str:
     """Raise ValueError with the rule if `name` cannot be a node name."""
-    if not NODE_NAME_PATTERN.match(name):
+    if not NODE_NAME_PATTERN.fullmatch(name):
         raise ValueError(f"invalid node name {name!r}: use letters, digits, '.', '_' and '-' (at most 63)")
     return name
 

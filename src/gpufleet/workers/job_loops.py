@@ -25,12 +25,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpufleet.core.clock import Clock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
+from gpufleet.core.errors import Unavailable
 from gpufleet.core.loops import run_periodic
 from gpufleet.jobs import dispatch, lifecycle, output
 from gpufleet.jobs.scheduler import Policy
 from gpufleet.jobs.tick import TickResult, TickSettings, run_tick
 from gpufleet.monitoring import attribution
-from gpufleet.protocol.jobs import JobHeld, JobOutput, JobUpdate
+from gpufleet.protocol.jobs import JobHeld, JobOutput, JobUpdate, RankRef
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -84,10 +85,12 @@ class JobLoops:
             self.wake()
         return recorded
 
-    def record_held(self, node_id: int, held: JobHeld) -> None:
+    def record_held(self, node_id: int, held: JobHeld) -> list[RankRef]:
+        """Returns the ranks the agent holds that must stop at once (the head has no live record of them)."""
         with transaction(self.sessions) as session:
-            lifecycle.ranks_held(session, self.clock, node_id, held.ranks, self.settings.job_max_requeues)
+            strays = lifecycle.ranks_held(session, self.clock, node_id, held.ranks, self.settings.job_max_requeues)
         self.wake()
+        return strays
 
     def output(self, node_id: int, chunk: JobOutput) -> None:
         """On the event loop: buffered, written by the flush loop."""
@@ -125,8 +128,13 @@ class JobLoops:
             pending, self._output = self._output, []
         if not pending:
             return 0
-        with transaction(self.sessions) as session:
-            return output.store(session, self.clock, pending, self.settings.job_output_max_chars)
+        try:
+            with transaction(self.sessions) as session:
+                return output.store(session, self.clock, pending, self.settings.job_output_max_chars)
+        except Unavailable:
+            with self._lock:  # the database is away: keep the chunks for the next flush
+                self._output[:0] = pending
+            raise
 
     def attribute_once(self) -> int:
         now = self.clock.now()

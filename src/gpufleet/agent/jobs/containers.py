@@ -1,25 +1,38 @@
 """The container runtimes a rank may run in, and their command lines.
 
-An image name runs with podman (`podman run --network host`, the job's user, `--memory`/`--cpus`, the
-workdir mounted, the GPUs as CDI devices where an NVIDIA CDI spec exists, else their /dev/nvidia*
-files; without CDI the image must bring user-space driver libraries matching the node's driver); a
-directory (a root file system) runs with bubblewrap, read-only, the workdir bound, the network shared.
+An image name runs with podman (`podman run --network host`, the job's user, no capabilities and
+no-new-privileges, `--memory`/`--cpus`, the workdir mounted, the GPUs as CDI devices where an NVIDIA CDI
+spec exists, else their /dev/nvidia* files; without CDI the image must bring user-space driver libraries
+matching the node's driver); a directory (a root file system) runs with bubblewrap, read-only, the
+workdir bound, the network shared.
 Building the argv is kept apart from running it, so what would run can be shown and tested as is.
+
+podman runs as the agent (root): its own process environment is fixed (`podman_environment`: PATH, the
+agent's HOME, LANG and the configured `podman_env`), never the job's, so a job cannot hand root's podman
+LD_PRELOAD or CONTAINERS_CONF. The job's variables reach the container through `--env-file`, a file only
+root reads (`env_file_text`). bubblewrap is started by a child that has already become the job's user,
+so it runs with no more rights than the job itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import pwd
+import re
 import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.agent.jobs.identity import Identity, command_for
+from gpufleet.agent.jobs.identity import DEFAULT_PATH, CannotStart, Identity, command_for
 from gpufleet.protocol.jobs import JobStart
 
 PODMAN_INIT = Path("/usr/libexec/podman/catatonit")  # what `podman run --init` runs
 NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+CONTAINER_PREFIX = "gpufleet-"  # every rank's container is named so (`container_name`)
+PODMAN_LANG = "C.UTF-8"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -57,22 +70,42 @@ class Containers:
 
 
 def container_name(launch: JobStart) -> str:
-    return f"gpufleet-{launch.job_id}-{launch.run}-{launch.rank}"
+    return f"{CONTAINER_PREFIX}{launch.job_id}-{launch.run}-{launch.rank}"
+
+
+def podman_environment(rt: Containers, home: str | None = None) -> dict[str, str]:
+    """podman's own process environment: fixed, whatever the job asks. `home` is the agent's home
+    (looked up from the passwd database when None, not taken from the agent's environment)."""
+    if home is None:
+        try:
+            home = pwd.getpwuid(os.geteuid()).pw_dir
+        except KeyError:
+            home = "/root"
+    return {"PATH": DEFAULT_PATH, "HOME": home, "LANG": PODMAN_LANG, **rt.podman_env}
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    """The job's variables as podman's `--env-file` reads them, one `NAME=value` a line. Raises
+    CannotStart for what such a file cannot carry faithfully: a line break, a NUL, or a value that
+    begins with a quote (newer podman versions read quoted values as their contents)."""
+    lines = []
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise CannotStart(f"a container job cannot have the variable {name!r}: not a valid name")
+        if any(char in value for char in "\n\r\0") or value[:1] in {'"', "'"}:
+            raise CannotStart(
+                f"a container job cannot have the variable {name} as given: podman's --env-file cannot carry "
+                "a value with a line break or NUL, or one that begins with a quote"
+            )
+        lines.append(f"{name}={value}\n")
+    return "".join(lines)
 
 
 def podman_command(
-    podman: str,
-    image: str,
-    rt: Containers,
-    launch: JobStart,
-    who: Identity,
-    workdir: str,
-    job_env: Mapping[str, str],
-    client_env: Mapping[str, str],
+    podman: str, image: str, rt: Containers, launch: JobStart, who: Identity, workdir: str, env_file: str
 ) -> list[str]:
-    """`podman run` for a rank. Variables are passed by name (`-e NAME`), their values taken from
-    podman's environment, so no value shows on a command line, except those podman's own environment
-    must keep (PATH, HOME, its configuration), which are given inline."""
+    """`podman run` for a rank. The job's variables come from `env_file` (see `env_file_text`), so no
+    value shows on a command line nor enters podman's own environment (see `podman_environment`)."""
     argv = [podman, "run", "--rm", "--replace", "--name", container_name(launch), "--network", "host"]
     argv += ["--log-driver", "passthrough"]  # output straight to our pipes, no copy in podman's storage
     if rt.podman_init:
@@ -81,8 +114,8 @@ def podman_command(
     for gid in who.groups:
         if gid != who.gid:
             argv += ["--group-add", str(gid)]
-    for name, value in job_env.items():
-        argv += ["-e", f"{name}={value}" if name in client_env else name]
+    argv += ["--security-opt", "no-new-privileges", "--cap-drop=all"]
+    argv += ["--env-file", env_file]
     if launch.mem_mib:
         argv += ["--memory", f"{launch.mem_mib}m"]
     if launch.cpus:
@@ -101,7 +134,8 @@ def podman_command(
 
 def bwrap_command(bwrap: str, rootfs: str, rt: Containers, launch: JobStart, workdir: str) -> list[str]:
     """bubblewrap over the root file system `rootfs`: read-only, fresh /proc, /dev and /tmp,
-    every namespace new but the network's, the workdir and the GPUs' device files bound in."""
+    every namespace new but the network's, the workdir and the GPUs' device files bound in. It is meant
+    to be started as the job's user (child_setup), with the job's environment, which passes on inside."""
     # / is the read-only root file system, so the job's /tmp is a fresh tmpfs of its own.
     argv = [bwrap, "--ro-bind", rootfs, "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]  # noqa: S108
     argv += ["--unshare-all", "--share-net"]

@@ -27,10 +27,13 @@ What a rank gets:
   `cgroup.kill` at the end. Elsewhere (cgroup v1 or a hybrid hierarchy) the limits are not enforced
   and the result says so. (RLIMIT_AS is no substitute: CUDA reserves far more address space than it uses.)
 - **A container where asked**: an image name runs with podman (`podman run --network host`, the job's
-  user, `--memory`/`--cpus`, the workdir mounted, the GPUs as CDI devices where an NVIDIA CDI spec
+  user, no capabilities and no-new-privileges, `--memory`/`--cpus`, the workdir mounted once a child that
+  became the user could enter it, the GPUs as CDI devices where an NVIDIA CDI spec
   exists, else their /dev/nvidia* files; without CDI the image must bring user-space driver libraries
   matching the node's driver); a directory (a root file system) runs with bubblewrap, read-only, the
-  workdir bound, the network shared.
+  workdir bound, the network shared. podman runs as the agent (root), so its own environment is fixed
+  and the job's variables reach the container through an `--env-file` only root reads
+  (`<spool_dir>/<job>-<run>-<rank>.env`, removed once the rank ends); bubblewrap is started as the user.
 - **Its output** streamed to `on_output` as it comes (UTF-8, errors replaced, at most MAX_OUTPUT_CHUNK
   characters per call) and kept whole in `<spool_dir>/<job>-<run>-<rank>.out` and `.err`.
 
@@ -43,6 +46,7 @@ waits for the first of its exit, a cancel and the time limit, and ends its tree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -53,8 +57,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gpufleet.agent.jobs.cgroups import CgroupParent, cgroup_kill, cgroup_remove
-from gpufleet.agent.jobs.containers import Containers, bwrap_command, container_name, podman_command
+from gpufleet.agent.jobs.cgroups import CgroupParent, cgroup_kill, cgroup_pids, cgroup_remove
+from gpufleet.agent.jobs.containers import (
+    CONTAINER_PREFIX,
+    Containers,
+    bwrap_command,
+    container_name,
+    env_file_text,
+    podman_command,
+    podman_environment,
+)
 from gpufleet.agent.jobs.identity import (
     DEFAULT_MIN_UID,
     DEFAULT_PATH,
@@ -77,6 +89,7 @@ KILL_WAIT_S = 30.0  # after SIGKILL: a process stuck in the kernel (hung NFS) is
 PIPE_WAIT_S = 2.0  # after the tree is gone, for the last output to arrive
 POLL_S = 0.05  # how often a stopping tree is looked at
 PODMAN_CALL_S = 60.0  # for `podman kill` and `podman rm`
+ENTER_CHECK_S = 30.0  # for a child to enter a container's workdir as the job's user
 
 
 def child_setup(cgroup: Path | None, who: Identity, cwd: str) -> Callable[[], None] | None:
@@ -119,6 +132,9 @@ class _Prepared:
     cgroup: Path | None
     podman_name: str | None
     where: str  # "as USER in WORKDIR", for messages
+    env_file: Path | None = None  # podman's --env-file, written before the start and removed after
+    env_text: str = ""
+    enter: tuple[Identity, str] | None = None  # a directory the user must be able to enter first
 
 
 class ProcessExecutor:
@@ -182,11 +198,15 @@ class ProcessExecutor:
         if launch.container and not launch.container.startswith("/"):
             if rt.podman is None:
                 raise CannotStart(_no_runtime(rt, f"the image {launch.container} needs podman"))
-            client = {"PATH": DEFAULT_PATH, "HOME": os.environ.get("HOME", "/root"), **rt.podman_env}
-            job_env = {**launch.env, **allocation_environment(launch)}
-            argv = podman_command(rt.podman, launch.container, rt, launch, who, workdir, job_env, client)
-            # podman runs as the agent (root) and switches user itself; the limits are its own.
-            return _Prepared(argv, {**job_env, **client}, "/", None, None, container_name(launch), where)
+            env_text = env_file_text({**launch.env, **allocation_environment(launch)})
+            env_file = self.spool_dir / f"{key}.env"
+            argv = podman_command(rt.podman, launch.container, rt, launch, who, workdir, str(env_file))
+            # podman runs as the agent (root) and switches user itself; the limits are its own. Its
+            # environment is fixed: nothing of the job's (LD_PRELOAD, CONTAINERS_CONF) reaches root.
+            name = container_name(launch)
+            prepared = _Prepared(argv, podman_environment(rt), "/", None, None, name, where, env_file, env_text)
+            prepared.enter = (who, workdir)
+            return prepared
         if not os.path.isdir(workdir):
             raise CannotStart(f"the workdir {workdir} does not exist on this node")
         if launch.container:
@@ -194,7 +214,9 @@ class ProcessExecutor:
                 raise CannotStart(_no_runtime(rt, f"the root file system {launch.container} needs bubblewrap"))
             if not os.path.isdir(launch.container):
                 raise CannotStart(f"the container root file system {launch.container} does not exist on this node")
-            argv, cwd = bwrap_command(rt.bwrap, launch.container, rt, launch, workdir), "/"  # bwrap --chdir
+            # bwrap runs as the user (child_setup switches before it execs) and --chdir's itself; the
+            # child entering the workdir first, as the user, is the same check as for a plain rank.
+            argv, cwd = bwrap_command(rt.bwrap, launch.container, rt, launch, workdir), workdir
         else:
             argv, cwd = command_for(launch), workdir
         cgroup = self._cgroup(self.cgroups, f"job-{key}", launch) if self.cgroups else None
@@ -212,12 +234,20 @@ class ProcessExecutor:
         self, launch: JobStart, on_started: OnStarted, on_output: OnOutput, cancel: asyncio.Event
     ) -> RankResult:
         prepared = self._prepare(launch)
+        if prepared.enter is not None:  # podman (root) mounts the workdir: only one the user may enter
+            await enter_as(*prepared.enter)
         notes = []
         if (launch.cpus or launch.mem_mib) and prepared.cgroup is None and prepared.podman_name is None:
             notes.append("cpu and memory limits not enforced (no cgroup v2 with cpu and memory on this node)")
         try:
+            self.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if prepared.env_file is not None:
+                _write_private(prepared.env_file, prepared.env_text)
             return await self._spawn_and_wait(launch, prepared, on_started, on_output, cancel, notes)
         finally:
+            if prepared.env_file is not None:
+                with contextlib.suppress(OSError):
+                    prepared.env_file.unlink()
             if prepared.cgroup is not None:
                 cgroup_remove(prepared.cgroup)
 
@@ -230,7 +260,6 @@ class ProcessExecutor:
         cancel: asyncio.Event,
         notes: list[str],
     ) -> RankResult:
-        self.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         base = self.spool_dir / f"{launch.job_id}-{launch.run}-{launch.rank}"
         with spool_file(base.with_suffix(".out")) as out, spool_file(base.with_suffix(".err")) as err:
             outputs = {1: OutputStream("stdout", out, on_output), 2: OutputStream("stderr", err, on_output)}
@@ -300,18 +329,91 @@ class ProcessExecutor:
 
     async def _podman(self, *args: str) -> None:
         """A podman call that may fail (the container is already gone), bounded in time."""
+        await self._podman_output(*args, stdout=False)
+
+    async def _podman_output(self, *args: str, stdout: bool = True) -> str:
+        """A podman call's standard output ("" when it failed or took over PODMAN_CALL_S)."""
         rt = self.containers
-        env = {"PATH": DEFAULT_PATH, "HOME": os.environ.get("HOME", "/root"), **rt.podman_env}
         proc = await asyncio.create_subprocess_exec(
-            rt.podman or "podman", *args, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL, env=env,
+            rt.podman or "podman", *args, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE if stdout else asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL, env=podman_environment(rt),
         )  # fmt: skip
         try:
-            await asyncio.wait_for(proc.wait(), PODMAN_CALL_S)
+            out, _ = await asyncio.wait_for(proc.communicate(), PODMAN_CALL_S)
         except TimeoutError:
             proc.kill()
             await proc.wait()
             log.warning("podman %s did not finish in %.0f s", " ".join(args), PODMAN_CALL_S)
+            return ""
+        return (out or b"").decode(errors="replace") if proc.returncode == 0 else ""
+
+    async def reap_leftovers(self) -> int:
+        """End what ranks of an earlier agent left behind (it was killed, so it could not): every
+        process in a rank cgroup (`job-*` under the cgroup parent) and every container named
+        `gpufleet-*`. Meant to run once at the agent's start, before it tells the head which ranks it
+        holds (none). Returns how many cgroups and containers it found. A rank run without a cgroup
+        or container (no cgroup v2 here) cannot be found this way."""
+        found = 0
+        if self.cgroups is not None:
+            for path in sorted(self.cgroups.path.glob("job-*")):
+                if not path.is_dir():
+                    continue
+                found += 1
+                pids = cgroup_pids(path)
+                log.warning("ending leftover job cgroup %s (%d process(es))", path, len(pids))
+                cgroup_kill(path)
+                for pid in pids:  # where the kernel has no cgroup.kill
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + KILL_WAIT_S
+                while cgroup_pids(path) and time.monotonic() < deadline:
+                    for pid in cgroup_pids(path):  # forked since
+                        with contextlib.suppress(OSError):
+                            os.kill(pid, signal.SIGKILL)
+                    await asyncio.sleep(POLL_S)
+                cgroup_remove(path)
+        if self.containers.podman is not None:
+            listed = await self._podman_output(
+                "ps", "--all", "--filter", f"name=^{CONTAINER_PREFIX}", "--format", "{{.Names}}"
+            )
+            names = [name for name in listed.split() if name.startswith(CONTAINER_PREFIX)]
+            if names:
+                found += len(names)
+                log.warning("removing leftover job container(s): %s", " ".join(names))
+                await self._podman("rm", "--force", "--time", "0", *names)
+        return found
+
+
+async def enter_as(who: Identity, path: str) -> None:
+    """Raise CannotStart unless `who` can enter the directory `path`: checked by a child that becomes
+    the user and changes to it (child_setup, as a rank's own child does), so a directory below one closed
+    to the user is refused as it is for a plain rank."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", ":", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL, env={"PATH": DEFAULT_PATH}, cwd=None if who.switch else path,
+            preexec_fn=child_setup(None, who, path),  # system calls only; None for the agent's own user
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):  # the chdir failed (child_setup's, or subprocess's)
+        raise CannotStart(f"the workdir {path} does not exist on this node or {who.name} cannot enter it") from None
+    try:
+        code = await asyncio.wait_for(proc.wait(), ENTER_CHECK_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise CannotStart(f"{who.name} could not enter the workdir {path} within {ENTER_CHECK_S:g} s") from None
+    if code != 0:
+        raise CannotStart(f"could not check that {who.name} can enter the workdir {path} (exit code {code})")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `path` anew, readable by the agent's user only (never through a link left in its place)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with open(fd, "w", encoding="utf-8") as file:
+        file.write(text)
 
 
 def _no_runtime(rt: Containers, what: str) -> str:

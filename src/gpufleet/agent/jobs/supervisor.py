@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 from gpufleet.agent.jobs.ports import JobExecutor, RankResult
@@ -31,7 +32,12 @@ from gpufleet.protocol.jobs import (
 
 log = logging.getLogger(__name__)
 Key = tuple[int, int, int]  # (job id, run, rank)
-MAX_QUEUED_OUTPUT = 2000  # chunks (up to 16 KiB each) waiting for the head
+MAX_QUEUED_OUTPUT = 2000  # chunks (up to MAX_OUTPUT_MESSAGE_BYTES each) waiting for the head
+# A job_output message's encoded JSON, well under the channel's frame (MAX_CHANNEL_MESSAGE_BYTES, 64 KiB):
+# MAX_OUTPUT_CHUNK characters alone do not bound it, as JSON writes a control character as 6 bytes
+# (\u001b) and UTF-8 takes up to 4 bytes a character.
+MAX_OUTPUT_MESSAGE_BYTES = 48 * 1024
+_ENVELOPE_BYTES = 512  # the message around its data, with the largest ids and offsets (about 150 bytes)
 SendText = Callable[[str], Awaitable[None]]
 
 
@@ -137,8 +143,7 @@ class JobSupervisor:
         for stream in ("stdout", "stderr"):
             text = rank.pending[stream]
             rank.pending[stream] = ""
-            for start in range(0, len(text), MAX_OUTPUT_CHUNK):
-                part = text[start : start + MAX_OUTPUT_CHUNK]
+            for part in split_output(text):
                 chunk = JobOutput(
                     job_id=rank.launch.job_id,
                     run=rank.launch.run,
@@ -179,6 +184,34 @@ class JobSupervisor:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _json_bytes(text: str) -> int:
+    """The bytes `text` takes inside a JSON string (escaped as pydantic writes it, UTF-8), quotes left out."""
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8", "surrogatepass")) - 2
+
+
+def split_output(
+    text: str, max_chars: int = MAX_OUTPUT_CHUNK, max_bytes: int = MAX_OUTPUT_MESSAGE_BYTES - _ENVELOPE_BYTES
+) -> Iterator[str]:
+    """`text` in contiguous parts of at most `max_chars` characters and `max_bytes` bytes as a JSON
+    string. Each character escapes on its own, so a part's size only grows with its length: the longest
+    part that fits is found by halving (at most a few passes over 16 Ki characters, and none when the
+    first guess fits, as it does for plain text)."""
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + max_chars)
+        if _json_bytes(text[start:end]) > max_bytes:
+            low, high = start + 1, end - 1  # one character always fits (6 bytes at most)
+            while low < high:
+                middle = (low + high + 1) // 2
+                if _json_bytes(text[start:middle]) <= max_bytes:
+                    low = middle
+                else:
+                    high = middle - 1
+            end = low
+        yield text[start:end]
+        start = end
 
 
 def _update(ref: RankRef, state: str, result: RankResult | None = None) -> str:

@@ -22,7 +22,7 @@ from gpufleet.core.errors import GpufleetError, InvalidInput, NotFound, PayloadT
 from gpufleet.inventory import service as inventory
 from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.inventory import NodeInventory
-from gpufleet.protocol.jobs import JobAck, JobHeld, JobOutput, JobUpdate
+from gpufleet.protocol.jobs import JobAck, JobCancel, JobHeld, JobOutput, JobUpdate
 from gpufleet.protocol.messages import (
     CLOSE_BAD_MESSAGE,
     CLOSE_TOO_LARGE,
@@ -176,7 +176,9 @@ async def _job_message(ctx: Ctx, chan: Channel, message: JobOutput | JobUpdate |
         if message.state == "exited":
             chan.send(JobAck(job_id=message.job_id, run=message.run, rank=message.rank).model_dump_json())
     else:
-        await asyncio.to_thread(ctx.jobs.record_held, chan.node_id, message)
+        for stray in await asyncio.to_thread(ctx.jobs.record_held, chan.node_id, message):
+            stop = JobCancel(job_id=stray.job_id, run=stray.run, rank=stray.rank, reason="not a live rank of this node")
+            chan.send(stop.model_dump_json())
 
 
 def _etag_matches(if_none_match: str | None, etag: str) -> bool:

@@ -49,8 +49,8 @@ def list_jobs(
     _: Read,
     ctx: Ctx,
     state: Annotated[list[JobState] | None, Query(description="only jobs in these states")] = None,
-    user: Annotated[str | None, Query(max_length=32)] = None,
-    project: Annotated[str | None, Query(max_length=63)] = None,
+    user: Annotated[str | None, Query(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")] = None,
+    project: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")] = None,
     limit: Annotated[int, Query(ge=1, le=queries.MAX_LIST)] = 500,
     offset: Annotated[int, Query(ge=0, le=10_000_000, description="skip this many matching jobs")] = 0,
 ) -> list[JobOut]:
@@ -104,11 +104,17 @@ def usage(
     by: Annotated[str, Query(pattern="^(project|user|job)$")] = "project",
 ) -> UsageReport:
     """GPU-hours held within the window per project, user or job, with those jobs' mean GPU utilization."""
-    end = until.timestamp() if until is not None else ctx.clock.now()
-    if since.timestamp() >= end:
+    try:
+        start = since.timestamp()
+        end = until.timestamp() if until is not None else ctx.clock.now()
+    except (OverflowError, ValueError):  # e.g. 0001-01-01 with a positive offset lands in year 0
+        start = end = -1.0
+    if min(start, end) < 0:  # no job ran before 1970; and earlier times do not all convert back
+        raise InvalidInput("since and until must be times from year 1970 on")
+    if start >= end:
         raise InvalidInput("since must be before until")
     with tx(ctx, readonly=True) as db:
-        return accounting.usage_report(db, since.timestamp(), end, by)
+        return accounting.usage_report(db, start, end, by)
 
 
 @reports.get("/idle-gpus")
