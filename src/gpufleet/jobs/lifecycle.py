@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Conflict, Forbidden, NotFound
-from gpufleet.inventory.models import Gpu, Node
+from gpufleet.inventory.models import Node
 from gpufleet.inventory.states import NodeState
 from gpufleet.jobs.models import FINAL_STATES, Job, JobRank, JobState, RankState
 from gpufleet.protocol.jobs import JobUpdate, RankRef
@@ -70,30 +70,16 @@ class NodeGpus:
     uuids: Mapping[int, str]
 
 
-def node_gpus(session: Session, names: Iterable[str] | None = None) -> dict[str, NodeGpus]:
-    """NodeGpus by node name (of `names`, or every node), in two queries."""
-    query = select(Node.id, Node.name)
-    if names is not None:
-        query = query.where(Node.name.in_(list(names)))
-    ids: dict[int, str] = dict(session.execute(query).tuples().all())
-    uuids: dict[int, dict[int, str]] = {node_id: {} for node_id in ids}
-    for node_id, index, uuid in session.execute(select(Gpu.node_id, Gpu.index, Gpu.uuid)):
-        if node_id in uuids:
-            uuids[node_id][index] = uuid
-    return {name: NodeGpus(node_id, uuids[node_id]) for node_id, name in ids.items()}
-
-
 def place(
     session: Session,
     clock: Clock,
     job: Job,
     allocation: Mapping[str, Sequence[int]],
-    nodes: Mapping[str, NodeGpus] | None = None,
+    nodes: Mapping[str, NodeGpus],
 ) -> list[JobRank]:
     """Start a new run of a pending job on these GPUs ({node name: GPU indexes}, rank order). `nodes`:
-    the nodes' ids and GPU UUIDs, when the caller has read them already (a pass places many jobs)."""
+    the nodes' ids and GPU UUIDs, as the scheduler pass read them once for all its placements."""
     now = to_datetime(clock.now())
-    nodes = nodes if nodes is not None else node_gpus(session, allocation)
     job.run += 1
     job.state = JobState.RUNNING
     job.reason = ""
