@@ -35,6 +35,15 @@ class Scripted:
         return RankResult("completed", 0)
 
 
+async def _started(job_id: int) -> tuple[Scripted, JobSupervisor]:
+    """A supervisor (output flushed after 10 ms) running one rank of job `job_id` on a scripted executor."""
+    executor = Scripted()
+    sup = JobSupervisor(executor, flush_s=0.01)
+    sup.start(_start(job_id))
+    await asyncio.sleep(0)
+    return executor, sup
+
+
 def _start(job_id: int) -> JobStart:
     return JobStart(job_id=job_id, run=1, rank=0, world_size=1, user="alice", argv=["true"], time_limit_s=60)
 
@@ -56,10 +65,7 @@ def test_a_start_runs_once_and_its_end_is_resent_until_acknowledged() -> None:
 
 
 async def _a_start_runs_once_and_its_end_is_resent_until_acknowledged() -> None:
-    executor = Scripted()
-    sup = JobSupervisor(executor, flush_s=0.01)
-    sup.start(_start(1))
-    await asyncio.sleep(0)
+    executor, sup = await _started(1)
     sup.start(_start(1))  # resent by the head: no second run
     executor.release[1].set()
     await asyncio.sleep(0.02)
@@ -84,10 +90,7 @@ def test_cancel_stops_a_rank_and_answers_for_one_it_never_ran() -> None:
 
 
 async def _cancel_stops_a_rank_and_answers_for_one_it_never_ran() -> None:
-    executor = Scripted()
-    sup = JobSupervisor(executor)
-    sup.start(_start(2))
-    await asyncio.sleep(0)
+    _executor, sup = await _started(2)
     sup.connected()
     held = [m for m in await _drain(sup) if m["type"] == "job_held"]
     assert held[0]["ranks"] == [{"job_id": 2, "run": 1, "rank": 0}]
@@ -103,10 +106,7 @@ def test_output_is_coalesced_and_split_with_running_offsets() -> None:
 
 
 async def _output_is_coalesced_and_split_with_running_offsets() -> None:
-    executor = Scripted()
-    sup = JobSupervisor(executor, flush_s=0.01)
-    sup.start(_start(3))
-    await asyncio.sleep(0)
+    executor, sup = await _started(3)
     write = executor.outputs[3]
     write("stdout", "a")
     write("stdout", "b\n")
@@ -129,10 +129,7 @@ def test_a_crash_loses_every_rank_without_a_word() -> None:
 
 
 async def _a_crash_loses_every_rank_without_a_word() -> None:
-    executor = Scripted()
-    sup = JobSupervisor(executor)
-    sup.start(_start(4))
-    await asyncio.sleep(0)
+    _executor, sup = await _started(4)
     sup.lose_all()
     await asyncio.sleep(0.01)
     sup.connected()
@@ -144,10 +141,7 @@ def test_output_messages_stay_under_the_byte_budget_whatever_the_characters() ->
 
 
 async def _output_messages_stay_under_the_byte_budget_whatever_the_characters() -> None:
-    executor = Scripted()
-    sup = JobSupervisor(executor, flush_s=0.01)
-    sup.start(_start(5))
-    await asyncio.sleep(0)
+    executor, sup = await _started(5)
     write = executor.outputs[5]
     escapes = "\x1b[0m\x00\x01" * 20_000  # 6 bytes each as JSON (\u001b, \u0000), "[0m" 1 each
     emoji = '🚀é"\\' * 20_000  # 4 and 2 bytes of UTF-8, 2 bytes escaped

@@ -151,6 +151,16 @@ def start_sim(
     )
 
 
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+    """Ask a process to stop with `sig`; kill it if it has not within `timeout` seconds."""
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def wait_for(predicate: Any, timeout: float, interval: float = 0.1) -> float:
     """Poll until `predicate()` is true; returns the seconds it took. Fails the test on timeout."""
     start = time.monotonic()

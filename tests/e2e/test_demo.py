@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import GPUFLEET, base_env, free_port, wait_for
+from tests.e2e.conftest import GPUFLEET, base_env, free_port, stop, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -50,9 +50,5 @@ def test_the_demo_runs_sample_jobs(tmp_path: Path) -> None:
         assert len(gang["allocation"]) == 2
         wait_for(lambda: any(j["reason"].startswith("quota") for j in jobs()), 30, interval=0.5)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, signal.SIGINT)
     assert "gpufleet demo stopped" in (tmp_path / "demo.log").read_text()

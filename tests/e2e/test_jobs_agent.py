@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from gpufleet.core.hostlist import expand
-from tests.e2e.conftest import GPUFLEET, Head, base_env, run_cli, wait_for
+from tests.e2e.conftest import GPUFLEET, Head, base_env, run_cli, stop, wait_for
 
 pytestmark = pytest.mark.e2e
 NODE = "realnode"
@@ -46,11 +46,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Head, Path]
         head.api("POST", "/api/v1/users", json={"username": RUN_AS})
         yield head, tmp
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        stop(agent)
         head.kill(signal.SIGTERM)
 
 

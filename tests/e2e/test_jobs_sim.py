@@ -5,14 +5,13 @@ GPUs a job holds are busy in its metrics; its output is kept."""
 
 import json
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Head, run_cli, start_sim, wait_for
+from tests.e2e.conftest import Head, run_cli, start_sim, stop, wait_for
 
 pytestmark = pytest.mark.e2e
 FAST = {"GPUFLEET_METRICS_INTERVAL_S": "0.5"}
@@ -35,11 +34,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Head, Pa
         head.api("PUT", "/api/v1/projects/tiny/quota", json={"max_gpus": 2, "gpu_hours_budget": None})
         yield head, tmp
     finally:
-        sim.send_signal(signal.SIGTERM)
-        try:
-            sim.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            sim.kill()
+        stop(sim)
         head.kill(signal.SIGTERM)
 
 
