@@ -3,6 +3,7 @@ are in tests/browser)."""
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -202,6 +203,10 @@ def test_the_node_table_pages_through_what_matched(client: TestClient, monkeypat
     assert "1–2 of 5 nodes" in first
     assert 'rel="next"' in first
     assert 'rel="prev"' not in first
+    following = re.search(r'<a rel="next" href="([^"]+)" hx-get="([^"]+)"', first)
+    assert following is not None
+    assert following.group(1) == following.group(2)  # the link and its live swap go to the same page
+    assert row_names(browser.get(html.unescape(following.group(1))).text) == ["gpu003", "gpu002"]  # filters kept
     last = browser.get("/nodes?sort=name&dir=desc&page=3").text
     assert row_names(last) == ["gpu001"]
     assert 'rel="prev"' in last
