@@ -48,7 +48,8 @@ def _start(job_id: int) -> JobStart:
     return JobStart(job_id=job_id, run=1, rank=0, world_size=1, user="alice", argv=["true"], time_limit_s=60)
 
 
-async def _drain(sup: JobSupervisor) -> list[dict[str, Any]]:
+async def _sent(sup: JobSupervisor) -> list[str]:
+    """What the supervisor sends in 50 ms, as the text of each message."""
     sent: list[str] = []
 
     async def send(text: str) -> None:
@@ -57,7 +58,11 @@ async def _drain(sup: JobSupervisor) -> list[dict[str, Any]]:
     task = asyncio.create_task(sup.send_forever(send))
     await asyncio.sleep(0.05)
     task.cancel()
-    return [json.loads(t) for t in sent]
+    return sent
+
+
+async def _drain(sup: JobSupervisor) -> list[dict[str, Any]]:
+    return [json.loads(t) for t in await _sent(sup)]
 
 
 def test_a_start_runs_once_and_its_end_is_resent_until_acknowledged() -> None:
@@ -149,14 +154,7 @@ async def _output_messages_stay_under_the_byte_budget_whatever_the_characters() 
     write("stderr", emoji)
     executor.release[5].set()
     await asyncio.sleep(0.05)
-    sent: list[str] = []
-
-    async def send(text: str) -> None:
-        sent.append(text)
-
-    task = asyncio.create_task(sup.send_forever(send))
-    await asyncio.sleep(0.05)
-    task.cancel()
+    sent = await _sent(sup)
     chunks = [json.loads(text) for text in sent if json.loads(text)["type"] == "job_output"]
     assert all(len(text.encode()) <= MAX_OUTPUT_MESSAGE_BYTES for text in sent)
     assert max(len(text.encode()) for text in sent) > MAX_OUTPUT_MESSAGE_BYTES - 1024  # parts are not tiny
