@@ -5,6 +5,9 @@
 # Usage: slurm.sh install|start|stop|status
 #   GPUFLEET_SLURM_STATE (default /tmp/gpufleet-test-slurm)  GPUFLEET_SLURM_GPUS (default 4)
 #   GPUFLEET_SLURMCTLD_PORT (default 16817)  GPUFLEET_SLURMD_PORT (default 16818)
+#   GPUFLEET_SLURM_NODE (default sim001): the Slurm node's name. It need not be the host's name (NodeHostname
+#     is; slurmd runs with -N), so it can be the name of a simulated gpufleet node, which the end-to-end tests
+#     need: Slurm's node names are gpufleet's node names.
 # install: apt-get install the packages when missing (root only; otherwise exit 3).
 # start:   installs, starts munged, slurmctld and slurmd (root: SlurmUser=root), waits for the node to be
 #          idle, and prints the path of $STATE/env (shell exports: SLURM_CONF, SLURM_NODE, SLURM_GPUS,
@@ -20,7 +23,8 @@ STATE=${GPUFLEET_SLURM_STATE:-/tmp/gpufleet-test-slurm}
 NGPU=${GPUFLEET_SLURM_GPUS:-4}
 CTLD_PORT=${GPUFLEET_SLURMCTLD_PORT:-16817}
 SLURMD_PORT=${GPUFLEET_SLURMD_PORT:-16818}
-NODE=$(hostname -s)
+NODE=${GPUFLEET_SLURM_NODE:-sim001}
+HOST=$(hostname -s)
 MUNGE_SOCK=$STATE/munge/munge.sock
 export SLURM_CONF=$STATE/etc/slurm.conf
 
@@ -64,7 +68,7 @@ configure() {
   done
   cat >"$SLURM_CONF" <<EOF
 ClusterName=gpufleet
-SlurmctldHost=$NODE(127.0.0.1)
+SlurmctldHost=$HOST(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 SlurmUser=root
@@ -94,7 +98,7 @@ MpiDefault=none
 SlurmctldTimeout=30
 SlurmdTimeout=30
 GresTypes=gpu
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=1000 Gres=gpu:fake:$NGPU State=UNKNOWN
+NodeName=$NODE NodeHostname=$HOST NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=1000 Gres=gpu:fake:$NGPU State=UNKNOWN
 PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
   cat >"$STATE/etc/gres.conf" <<EOF
@@ -127,7 +131,7 @@ start() {
     || fail "munged did not come up" "$STATE/log/munged.log"
   slurmctld -c  # -c: a clean start, forgetting earlier jobs and node states
   wait_for 20 scontrol ping || fail "slurmctld did not come up" "$STATE/log/slurmctld.log"
-  slurmd
+  slurmd -N "$NODE"
   wait_for 30 bash -c "sinfo -h -N -o %T | grep -qx idle" || fail "slurmd did not register" "$STATE/log/slurmd.log"
   echo "$STATE/env"
 }
