@@ -147,7 +147,7 @@ def fmt(value: float | None, unit: str = "s", digits: int = 3) -> str:
 
 
 # -- the head node --------------------------------------------------------------------------------
-def start_server(workdir: Path, port: int) -> ServerProcess:
+def start_server(workdir: Path, port: int, extra_env: dict[str, str] | None = None) -> ServerProcess:
     if not port_free(port):
         raise BenchError(f"port {port} on 127.0.0.1 is taken; pass --port")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
@@ -160,6 +160,7 @@ def start_server(workdir: Path, port: int) -> ServerProcess:
             "GPUFLEET_DOWN_AFTER_INTERVALS": str(DOWN_AFTER_INTERVALS),
             "GPUFLEET_LEADER_GRACE_S": str(LEADER_GRACE_S),
         }
+        | (extra_env or {})
     )
     log_path = workdir / "server.log"
     cmd = [

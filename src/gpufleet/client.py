@@ -211,6 +211,18 @@ class HeadClient:
         result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{node}/faults", json=body)
         return result
 
+    def slurm_config(self, default_partition: str) -> dict[str, Any]:
+        """slurm.conf's node and partition lines and a gres.conf, rendered from the inventory."""
+        params = {"default_partition": default_partition}
+        result: dict[str, Any] = self._call("GET", "/api/v1/slurm/config", params=params)
+        return result
+
+    def sync_slurm_accounts(self, dry_run: bool) -> dict[str, Any]:
+        """Bring Slurm's accounts in line with the projects (or, dry, say how)."""
+        params = {"dry_run": str(dry_run).lower()}
+        result: dict[str, Any] = self._call("POST", "/api/v1/slurm/accounts/sync", params=params)
+        return result
+
     def list_alerts(self, status: str | None, node: str | None) -> list[dict[str, Any]]:
         params = {k: v for k, v in {"status": status, "node": node}.items() if v is not None}
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/alerts", params=params)

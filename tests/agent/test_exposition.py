@@ -12,7 +12,7 @@ from gpufleet.agent.exposition import INVENTORY_TTL_S, AgentMetrics, KeepLatest,
 from gpufleet.core.config import load_settings
 from gpufleet.core.errors import ConfigError
 from gpufleet.protocol.inventory import GpuInfo, NodeInventory
-from gpufleet.protocol.metrics import EntityValues, NodeEvent, Sample
+from gpufleet.protocol.metrics import EntityValues, GpuJob, NodeEvent, Sample
 
 INVENTORY = NodeInventory(
     hostname="gpu-a01.lab",
@@ -94,6 +94,25 @@ def test_without_an_inventory_the_values_still_go_out() -> None:
     text = AgentMetrics("gpu-a01", latest, Inventory(fail=True)).render().decode()
     (util,) = next(f for f in text_string_to_metric_families(text) if f.name == "DCGM_FI_DEV_GPU_UTIL").samples
     assert (util.value, util.labels["UUID"], util.labels["Hostname"]) == (10.0, "", "gpu-a01")
+
+
+def test_gpus_held_by_slurm_jobs_carry_hpc_job_as_dcgm_exporter_labels_them() -> None:
+    class Mapped(Source):
+        def collect(self) -> tuple[Sample, list[NodeEvent]]:
+            sample, events = super().collect()
+            entities = [*sample.entities, EntityValues(entity="gpu:1", values={"gpu_util": 1.0})]
+            jobs = [GpuJob(gpu=0, job="41"), GpuJob(gpu=0, job="42"), GpuJob(gpu=3, job="43")]
+            return sample.model_copy(update={"entities": entities, "gpu_jobs": jobs}), events
+
+    latest = KeepLatest(Mapped())
+    latest.collect()
+    text = AgentMetrics("gpu-a01", latest, Inventory()).render().decode()
+
+    util = next(f for f in text_string_to_metric_families(text) if f.name == "DCGM_FI_DEV_GPU_UTIL").samples
+    by_gpu = {s.labels["gpu"]: s.labels for s in util}
+    assert by_gpu["0"]["hpc_job"] == "41"  # shared by two jobs: the first listed
+    assert by_gpu["0"]["UUID"] == "GPU-abc"  # the inventory's labels stay
+    assert "hpc_job" not in by_gpu["1"]
 
 
 def test_the_listen_setting_is_checked(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from gpufleet.agent.metrics.gpu import GpuCollector
 from gpufleet.agent.metrics.outbox import Outbox
 from gpufleet.agent.metrics.sampler import Sampler
 from gpufleet.protocol.messages import MAX_CHANNEL_MESSAGE_BYTES, Events, Metrics, agent_message_adapter
-from gpufleet.protocol.metrics import NodeEvent, Sample
+from gpufleet.protocol.metrics import GpuJob, NodeEvent, Sample
 from gpufleet.sim.nvml import SimulatedNvml
 
 
@@ -92,6 +92,20 @@ def test_a_sample_too_big_for_one_message_is_split_by_entity() -> None:
     parts = [s for m in messages if isinstance(m, Metrics) for s in m.samples]
     assert len(parts) >= 2
     assert {p.ts for p in parts} == {7.0}
+    assert [e for p in parts for e in p.entities] == big.entities
+
+
+def test_a_split_sample_carries_its_gpu_jobs_once_in_the_first_part() -> None:
+    jobs = [GpuJob(gpu=i, job=str(100 + i), user="alice", account="vision") for i in range(64)]
+    big = _sample(7.0, entities=200, metrics=30).model_copy(update={"gpu_jobs": jobs})
+    outbox = Outbox()
+
+    outbox.add_sample(big)
+
+    parts = [s for m in _drain(outbox) if isinstance(m, Metrics) for s in m.samples]
+    assert len(parts) >= 2
+    assert parts[0].gpu_jobs == jobs
+    assert all(p.gpu_jobs == [] for p in parts[1:])
     assert [e for p in parts for e in p.entities] == big.entities
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpufleet.agent.metrics.gpu import GpuCollector
 from gpufleet.agent.metrics.ports import Collected, CollectorError
 from gpufleet.agent.metrics.sampler import Sampler
+from gpufleet.protocol.metrics import MAX_GPU_JOBS_PER_SAMPLE, GpuJob
 from gpufleet.sim.nvml import SimulatedNvml
 
 
@@ -84,3 +85,18 @@ def test_values_the_wire_cannot_carry_are_dropped_not_the_sample() -> None:
     assert {e.entity: e.values for e in sample.entities} == {"gpu:0": {"gpu_temp_c": 40.0}}
     assert sorted(e.message.split(":")[0] for e in events) == ["sampler", "sampler"]
     assert all(e.kind == "collector_failed" for e in events)
+
+
+def test_gpu_jobs_from_the_collectors_go_with_the_sample_bounded() -> None:
+    jobs = [GpuJob(gpu=i % 64, job=str(i)) for i in range(MAX_GPU_JOBS_PER_SAMPLE + 5)]
+    sampler = Sampler(
+        [Fixed("gpu", Collected(entities={"gpu:0": {"gpu_util": 5.0}})), Fixed("slurm", Collected(gpu_jobs=jobs))]
+    )
+
+    sample, events = sampler.collect()
+
+    assert sample.gpu_jobs == jobs[:MAX_GPU_JOBS_PER_SAMPLE]
+    assert [e.message for e in events] == [
+        f"sampler: {MAX_GPU_JOBS_PER_SAMPLE + 5} GPU jobs, only {MAX_GPU_JOBS_PER_SAMPLE} sent"
+    ]
+    assert Sampler([Fixed("gpu", Collected())]).collect()[0].gpu_jobs == []

@@ -12,8 +12,9 @@ from gpufleet.core.db import transaction
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
 from gpufleet.inventory.states import NodeState
+from gpufleet.jobs.models import Job, JobState
 from gpufleet.monitoring import alerts
-from gpufleet.protocol.metrics import EntityValues, Sample
+from gpufleet.protocol.metrics import EntityValues, GpuJob, Sample
 
 
 def _gpu(index: int) -> dict[str, Any]:
@@ -157,3 +158,76 @@ def test_a_gpu_held_by_a_job_carries_its_id_and_the_job_its_user_and_project(
     assert len(_values(families["DCGM_FI_DEV_GPU_UTIL"])) == 2
     info = _values(families["gpufleet_job_info"])
     assert info == {(("hpc_job", job_id), ("project", "vision"), ("user", "alice")): 1.0}
+
+
+def test_a_gpu_held_by_a_slurm_job_carries_its_id_and_the_account_as_project(
+    client: TestClient, clock: FakeClock
+) -> None:
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    n1, _ = _join(client, "n1", 3)
+    n2, _ = _join(client, "n2", 1)
+    values = {"gpu_util": 50.0}
+    mapped = [
+        GpuJob(gpu=0, job="9001", user="alice", account="vision"),
+        GpuJob(gpu=2, job="9001", user="alice", account="vision"),
+    ]
+    sample = Sample(
+        ts=clock.now(), entities=[EntityValues(entity=f"gpu:{i}", values=values) for i in range(3)], gpu_jobs=mapped
+    )
+    ctx.monitoring.ingest(n1, [sample])
+    # The same job's rank on another node, and a job without an account (Slurm without accounting).
+    other = [GpuJob(gpu=0, job="9001", user="alice", account="vision"), GpuJob(gpu=0, job="9002", user="bob")]
+    ctx.monitoring.ingest(
+        n2, [Sample(ts=clock.now(), entities=[EntityValues(entity="gpu:0", values=values)], gpu_jobs=other)]
+    )
+
+    families = _scrape(client)
+    util = {
+        (labels["node"], labels["gpu"]): labels.get("hpc_job")
+        for labels in (dict(s.labels) for s in families["DCGM_FI_DEV_GPU_UTIL"].samples)
+    }
+    assert util == {("n1", "0"): "9001", ("n1", "1"): None, ("n1", "2"): "9001", ("n2", "0"): "9001"}
+    assert _values(families["gpufleet_job_info"]) == {
+        (("hpc_job", "9001"), ("project", "vision"), ("user", "alice")): 1.0,
+        (("hpc_job", "9002"), ("project", ""), ("user", "bob")): 1.0,
+    }
+
+    # The job ended: the next sample maps nothing, and the labels go with it.
+    ctx.monitoring.ingest(n1, [Sample(ts=clock.now() + 5, entities=sample.entities)])
+    ctx.monitoring.ingest(n2, [Sample(ts=clock.now() + 5, entities=[EntityValues(entity="gpu:0", values=values)])])
+    families = _scrape(client)
+    assert all("hpc_job" not in s.labels for s in families["DCGM_FI_DEV_GPU_UTIL"].samples)
+    assert _values(families["gpufleet_job_info"]) == {}
+
+
+def test_a_job_gpufleet_submitted_to_slurm_is_known_by_slurms_id(client: TestClient, clock: FakeClock) -> None:
+    """Its GPUs carry Slurm's id (from the prolog's map), so its info series does too, with gpufleet's user
+    and project: gpufleet's job 1 is Slurm's job 2, and Slurm's job 1 is gpufleet's job 2."""
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    n1, _ = _join(client, "n1", 1)
+    with transaction(ctx.sessions) as s:
+        for user, project, slurm_id in (("alice", "vision", "2"), ("bob", None, "1")):
+            s.add(
+                Job(
+                    user=user,
+                    project=project,
+                    submitted_by="token:admin",
+                    state=JobState.RUNNING,
+                    time_limit_s=60,
+                    argv=["true"],
+                    env={},
+                    backend="slurm",
+                    external_id=slurm_id,
+                    submitted_at=to_datetime(clock.now()),
+                )
+            )
+            s.flush()
+    mapped = [GpuJob(gpu=0, job="1", user="bob", account="")]
+    entities = [EntityValues(entity="gpu:0", values={"gpu_util": 9.0})]
+    ctx.monitoring.ingest(n1, [Sample(ts=clock.now(), entities=entities, gpu_jobs=mapped)])
+    families = _scrape(client)
+    assert [dict(s.labels)["hpc_job"] for s in families["DCGM_FI_DEV_GPU_UTIL"].samples] == ["1"]
+    assert _values(families["gpufleet_job_info"]) == {
+        (("hpc_job", "1"), ("project", ""), ("user", "bob")): 1.0,
+        (("hpc_job", "2"), ("project", "vision"), ("user", "alice")): 1.0,
+    }

@@ -3,8 +3,9 @@
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpufleet.core.clock import FakeClock
+from gpufleet.core.clock import FakeClock, to_datetime
 from gpufleet.core.db import transaction
+from gpufleet.jobs.models import Job, JobState
 from gpufleet.monitoring import attribution, store
 from gpufleet.protocol.metrics import EntityValues, Sample
 from tests.jobs.helpers import cluster, job, node_id, ranks, report, submit, tick, users
@@ -46,3 +47,35 @@ def test_samples_of_a_jobs_own_gpus_make_its_utilization_and_idle_ones_are_liste
         assert attribution.attribute(s, clock.now(), 10.0, metrics_interval_s=5.0) == 0
         assert attribution.idle_gpus(s, clock.now(), metrics_interval_s=5.0) == []
     assert job(sessions, busy).sampled_gpu_seconds == pytest.approx(20.0)
+
+
+def test_a_job_slurm_runs_is_charged_for_the_gpus_slurm_gave_it(
+    sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
+    cluster(sessions, clock, nodes=2, gpus=4)
+    with transaction(sessions) as s:
+        row = Job(
+            user="alice",
+            submitted_by="slurm",
+            state=JobState.RUNNING,
+            nodes=2,
+            gpus_per_node=1,
+            time_limit_s=600,
+            argv=[],
+            env={},
+            backend="slurm",
+            external_id="812",
+            allocation={"n1": [2], "n2": [0]},
+            submitted_at=to_datetime(clock.now()),
+            started_at=to_datetime(clock.now()),
+        )
+        s.add(row)
+        s.flush()
+        slurm_job = row.id
+    _sample(sessions, node_id(sessions, "n1"), {0: 100.0, 2: 80.0}, clock.now())
+    _sample(sessions, node_id(sessions, "n2"), {0: 2.0, 1: 100.0}, clock.now())
+    with transaction(sessions) as s:
+        assert attribution.attribute(s, clock.now(), 10.0, metrics_interval_s=5.0) == 2
+        held = attribution.idle_gpus(s, clock.now(), metrics_interval_s=5.0)
+    assert job(sessions, slurm_job).mean_gpu_util == pytest.approx(41.0)
+    assert [(g.job_id, g.node, g.gpu) for g in held] == [(slurm_job, "n2", 0)]

@@ -25,7 +25,7 @@ SLURM_LOCK = Path("/tmp") / "gpufleet-test-slurm.lock"
 
 @dataclass(frozen=True)
 class SlurmCluster:
-    """The running test Slurm: its environment (SLURM_CONF, SLURM_NODE, SLURM_GPUS, SLURM_JOBOUT)."""
+    """The running test Slurm: its environment (SLURM_CONF, SLURM_NODE, SLURM_GPUS, SLURM_JOBOUT, SLURM_JOB_MAP_DIR)."""
 
     env: dict[str, str]
 
@@ -44,6 +44,11 @@ class SlurmCluster:
     @property
     def jobout(self) -> Path:
         return Path(self.env["SLURM_JOBOUT"])
+
+    @property
+    def job_map_dir(self) -> Path:
+        """Where gpufleet's prolog, run by this Slurm, maps its jobs to GPUs (`slurm_job_map_dir`)."""
+        return Path(self.env["SLURM_JOB_MAP_DIR"])
 
 
 def _read_env(path: Path) -> dict[str, str]:

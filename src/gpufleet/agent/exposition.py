@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gpufleet.agent.metrics.ports import SampleSource
@@ -82,6 +83,10 @@ class AgentMetrics:
         if sample is None:
             return b""
         hostname, gpus = self._facts()
+        if sample.gpu_jobs:  # Slurm's jobs as `hpc_job`, as dcgm-exporter's HPC job mapping labels them
+            gpus = dict(gpus)
+            for mapped in reversed(sample.gpu_jobs):  # a GPU Slurm shares: the first job listed
+                gpus[mapped.gpu] = replace(gpus.get(mapped.gpu, GpuFacts()), job=mapped.job)
         families = Families()
         families.add_node(NodeMetrics(self.node, hostname, {e.entity: e.values for e in sample.entities}, gpus))
         return render(families.collect())

@@ -23,6 +23,7 @@ from gpufleet.agent.metrics.infiniband import IbCollector
 from gpufleet.agent.metrics.ports import SampleSource
 from gpufleet.agent.metrics.sampler import Sampler
 from gpufleet.agent.metrics.xid import XidBook, XidWatcher
+from gpufleet.agent.slurm.mapping import SlurmJobMap
 from gpufleet.agent.trust import head_context
 from gpufleet.client import AgentHttp
 from gpufleet.core.config import Settings
@@ -38,7 +39,11 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
         accounts = AccountSync(settings.accounts_root, settings.agent_state_dir / "accounts.json")
 
     xids = XidBook()
-    metrics: SampleSource = Sampler([GpuCollector(xids=xids), HostCollector(), IbCollector()])
+    # The Slurm job map is read even while its directory is missing: the prolog creates it (under /run,
+    # emptied at boot) with the node's first job, usually after the agent started. Missing, it costs one
+    # failed listing a round and the samples carry no GPU jobs, as on a node without Slurm.
+    slurm_jobs = SlurmJobMap(settings.slurm_job_map_dir)
+    metrics: SampleSource = Sampler([GpuCollector(xids=xids), HostCollector(), IbCollector(), slurm_jobs])
     if settings.agent_metrics_listen:
         latest = KeepLatest(metrics)
         serve(AgentMetrics(name, latest, read), settings.agent_metrics_listen)

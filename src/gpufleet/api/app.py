@@ -29,6 +29,7 @@ from gpufleet.api.routers import (
     nodes,
     projects,
     prometheus_metrics,
+    slurm_accounts,
     tokens,
     users,
     web_login,
@@ -39,6 +40,9 @@ from gpufleet.api.routers import (
 from gpufleet.api.routers import (
     monitoring as monitoring_routes,
 )
+from gpufleet.api.routers import (
+    slurm as slurm_routes,
+)
 from gpufleet.api.templates import STATIC_DIR, StaticFiles
 from gpufleet.auth import identity
 from gpufleet.auth.policy import Permission
@@ -48,7 +52,7 @@ from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import ConfigError
-from gpufleet.jobs.builtin import BuiltinWorkloadManager
+from gpufleet.jobs.workload import build as build_workload
 from gpufleet.monitoring.dispatch import Notifications
 from gpufleet.monitoring.health import HealthJudge
 from gpufleet.monitoring.store import Retention
@@ -94,6 +98,8 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     users.router,
     projects.router,
     monitoring_routes.router,
+    slurm_routes.router,
+    slurm_accounts.router,
 )
 # Routers served outside /api/v1 whose routes name a permission (GET /metrics, where Prometheus
 # looks); the route x role matrix test walks these too.
@@ -121,9 +127,10 @@ def create_app(
     """Build the head node's app. With `run_loops`, the lifespan runs the background loops."""
     clock = clock or SystemClock()
     hub = ChannelHub()
+    workload, slurm = build_workload(settings, sessions, clock)
     judge = HealthJudge(
         tracker=HealthTracker(),
-        workload=BuiltinWorkloadManager(clock),
+        workload=workload,
         metrics_interval_s=settings.metrics_interval_s,
         resume_after_rounds=settings.resume_after_healthy_samples,
     )
@@ -152,6 +159,7 @@ def create_app(
         is_leader=lambda: loops.is_leader and clock.now() < loops.lease_valid_until,
         nodes_here=hub.node_ids,
         send=hub.send_threadsafe,
+        slurm=slurm,
     )
     ca_pem = _served_ca(settings)
     ctx = HeadContext(

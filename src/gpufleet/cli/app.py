@@ -8,7 +8,19 @@ from typing import Annotated
 import typer
 
 from gpufleet import __version__
-from gpufleet.cli import audit, config, export, jobs, monitoring, nodes, projects, tokens, users
+from gpufleet.cli import (
+    audit,
+    config,
+    export,
+    jobs,
+    monitoring,
+    nodes,
+    projects,
+    slurm,
+    slurm_accounts,
+    tokens,
+    users,
+)
 from gpufleet.cli.state import CliState
 
 app = typer.Typer(
@@ -49,5 +61,7 @@ app.add_typer(export.app, name="export")
 app.add_typer(jobs.app, name="job")
 app.add_typer(jobs.report_app, name="report")
 app.add_typer(monitoring.policy_app, name="health-policy")
+app.add_typer(slurm.app, name="slurm")
+slurm.app.add_typer(slurm_accounts.app, name="accounts")
 app.command("health")(monitoring.health)
 app.command("login")(config.login)

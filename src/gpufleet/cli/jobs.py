@@ -35,6 +35,7 @@ LIST_COLUMNS = [
     ("elapsed", "Time"),
     ("where", "Nodes / reason"),
 ]
+SLURM_COLUMN = ("external_id", "Slurm id")  # shown when jobs run in Slurm
 SHOW_FIELDS = [
     ("id", "Job"),
     ("name", "Name"),
@@ -42,6 +43,8 @@ SHOW_FIELDS = [
     ("project", "Project"),
     ("state", "State"),
     ("reason", "Reason"),
+    ("external_id", "Slurm job"),
+    ("partition", "Partition"),
     ("shape", "Asked"),
     ("time_limit", "Time limit"),
     ("priority", "Priority"),
@@ -207,7 +210,10 @@ def list_(
         return
     running = sum(j["state"] == "running" for j in jobs)
     pending = sum(j["state"] == "pending" for j in jobs)
-    table([_row(j) for j in jobs], LIST_COLUMNS, title=f"{len(jobs)} jobs: {running} running, {pending} pending")
+    columns = list(LIST_COLUMNS)
+    if any(j.get("external_id") for j in jobs):
+        columns.insert(1, SLURM_COLUMN)
+    table([_row(j) for j in jobs], columns, title=f"{len(jobs)} jobs: {running} running, {pending} pending")
 
 
 @app.command("show")
@@ -228,7 +234,8 @@ def show(ctx: typer.Context, job_id: int, output: Format = OutputOpt) -> None:
         "where": "  ".join(f"{n}({','.join(map(str, g))})" for n, g in allocation.items()),
         "gpu_hours": round(job["gpu_seconds"] / 3600, 3),
     }
-    fields(job | extra, SHOW_FIELDS)
+    slurm_only = () if job.get("backend") == "slurm" else ("external_id", "partition")
+    fields(job | extra, [f for f in SHOW_FIELDS if f[0] not in slurm_only])
     if job["ranks"]:
         ranks = [r | {"gpus": ",".join(map(str, r["gpu_indexes"]))} for r in job["ranks"]]
         columns = [("run", "Run"), ("rank", "Rank"), ("node", "Node"), ("gpus", "GPUs"), ("state", "State")]

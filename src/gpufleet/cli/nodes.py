@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -16,12 +16,15 @@ app = typer.Typer(help="Nodes: add, list, show, remove, clone, drain, resume.", 
 LIST_COLUMNS = [
     ("name", "Node"),
     ("state", "State"),
+    ("health", "Health"),
     ("gpu_count", "GPUs"),
     ("gpu_model", "GPU model"),
     ("hostname", "Hostname"),
     ("category", "Category"),
     ("last_seen", "Last heartbeat"),
+    ("drain", "Drained"),
 ]
+WLM_COLUMN = ("wlm_state", "Slurm")  # shown when the workload manager is Slurm
 Names = Annotated[list[str], typer.Argument(help="node names or hostlist expressions, e.g. gpu[001-016]")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="print what would change and change nothing")]
 
@@ -69,7 +72,17 @@ def list_(
     if output is Format.json:
         print_json(nodes)
         return
-    table(nodes, LIST_COLUMNS, title=f"{len(nodes)} nodes")
+    columns = list(LIST_COLUMNS)
+    if any(n.get("wlm_state") for n in nodes):
+        columns.insert(3, WLM_COLUMN)
+    table([_list_row(n) for n in nodes], columns, title=f"{len(nodes)} nodes")
+
+
+def _list_row(node: dict[str, Any]) -> dict[str, Any]:
+    """The drain, with who set it: "gpufleet: GPU 3: Xid 79 (gpufleet)", "bad fan (slurm:root)"."""
+    reason = node.get("drain_reason")
+    drain = f"{reason} ({node['drained_by']})" if reason and node.get("drained_by") else reason
+    return node | {"drain": drain or ""}
 
 
 @app.command("show")

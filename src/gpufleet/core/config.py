@@ -11,7 +11,7 @@ import posixpath
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -93,6 +93,23 @@ class Settings(BaseSettings):
     job_min_uid: int = Field(1000, ge=0, description="jobs never run as a local account with a lower uid")
     job_podman_env: dict[str, str] = Field(
         default_factory=dict, description="extra environment for podman, e.g. CONTAINERS_CONF"
+    )
+    # The workload manager: the built-in scheduler, or a real Slurm (jobs.slurm)
+    workload_manager: Literal["builtin", "slurm"] = Field(
+        "builtin", description="who runs jobs and holds drains: builtin (gpufleet's scheduler) or slurm"
+    )
+    slurm_conf: Path | None = Field(None, description="slurm.conf the Slurm programs read; None: Slurm's default")
+    slurm_timeout_s: float = Field(10.0, gt=0, le=600, description="how long one Slurm command may take")
+    slurm_poll_interval_s: float = Field(
+        2.0, gt=0, le=600, description="how often the leader reads Slurm's jobs and node states"
+    )
+    slurm_partition: str | None = Field(None, description="partition for jobs that name none; None: Slurm's default")
+    slurm_output_dir: Path | None = Field(
+        None, description="shared directory for Slurm jobs' output files; None: the job's working directory"
+    )
+    slurm_job_map_dir: Path = Field(
+        Path("/run/gpufleet/slurm-jobs"),
+        description="(agent) where gpufleet's Slurm prolog records which job holds which GPU",
     )
     identity_provider: str = Field("local", description="who checks user names and passwords (local)")
     web_session_ttl_s: int = Field(12 * 3600, ge=60, le=30 * 24 * 3600, description="how long a web login lasts")

@@ -52,6 +52,9 @@ class Node(Base):
     drained_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     drain_reason: Mapped[str | None] = mapped_column(String(512), default=None)
     drained_by: Mapped[str | None] = mapped_column(String(128), default=None)
+    # The workload manager's own word for the node when it is not gpufleet (Slurm: "idle", "mixed",
+    # "drained", "down*"...), read every slurm_poll_interval_s; None under the built-in one.
+    wlm_state: Mapped[str | None] = mapped_column(String(32), default=None)
 
     gpus: Mapped[list[Gpu]] = relationship(
         back_populates="node", cascade="all, delete-orphan", order_by="Gpu.index", lazy="selectin"

@@ -49,6 +49,8 @@ class NodeOut(BaseModel):
     health: str = "unknown"  # healthy | degraded | failed | unknown (no metrics yet)
     health_reasons: list[str] = Field(default_factory=list)
     drain_reason: str | None = None  # set while the node is drained
+    drained_by: str | None = None  # who drained it: an actor, "gpufleet", or "slurm:<user>" for a drain set in Slurm
+    wlm_state: str | None = None  # the workload manager's word for it (Slurm: idle, mixed, drained, down*...)
 
 
 class TransitionOut(BaseModel):

@@ -93,6 +93,7 @@ class NodeSummary:
     drained_at: datetime | None
     drain_reason: str | None
     drained_by: str | None
+    wlm_state: str | None  # Slurm's word for the node, under workload_manager = "slurm"
     gpu_models: dict[int, str] = field(default_factory=dict)  # by GPU index, as inventoried
 
     @property
@@ -124,8 +125,9 @@ def node_summaries(session: Session) -> list[NodeSummary]:
         Node.drained_at,
         Node.drain_reason,
         Node.drained_by,
+        Node.wlm_state,
     )
-    nodes = [NodeSummary(*row) for row in session.execute(select(*columns).order_by(Node.name))]
+    nodes = [NodeSummary(**row._asdict()) for row in session.execute(select(*columns).order_by(Node.name))]
     by_id = {n.id: n for n in nodes}
     for node_id, index, model in session.execute(select(Gpu.node_id, Gpu.index, Gpu.model)):
         node = by_id.get(node_id)
@@ -243,6 +245,8 @@ def to_out(node: Node) -> NodeOut:
         health=node.health,
         health_reasons=list(node.health_reasons or ()),
         drain_reason=node.drain_reason,
+        drained_by=node.drained_by,
+        wlm_state=node.wlm_state,
     )
 
 

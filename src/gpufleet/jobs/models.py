@@ -72,6 +72,12 @@ class Job(Base):
     sampled_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     busy_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     output_chars: Mapped[int] = mapped_column(Integer, default=0)
+    # Who runs it: "builtin" (gpufleet's scheduler and agents) or "slurm". A Slurm job carries Slurm's job id
+    # once submitted (None while gpufleet has yet to submit it); jobs submitted to Slurm directly are
+    # listed too, with submitted_by "slurm".
+    backend: Mapped[str] = mapped_column(String(16), default="builtin", server_default="builtin")
+    external_id: Mapped[str | None] = mapped_column(String(64), default=None, index=True)
+    partition: Mapped[str | None] = mapped_column(String(64), default=None)
 
     ranks: Mapped[list[JobRank]] = relationship(
         back_populates="job", cascade="all, delete-orphan", order_by="(JobRank.run, JobRank.rank)", lazy="selectin"

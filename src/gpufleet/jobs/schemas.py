@@ -99,6 +99,9 @@ class JobOut(BaseModel):
     exit_code: int | None
     gpu_seconds: float
     mean_gpu_util: float | None  # percent, over the samples of its GPUs while it held them; None: none yet
+    backend: str = "builtin"  # who runs it: builtin or slurm
+    external_id: str | None = None  # Slurm's job id, once submitted there
+    partition: str | None = None  # the Slurm partition it runs in
 
 
 class JobDetail(JobOut):

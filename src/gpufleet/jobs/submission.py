@@ -39,7 +39,15 @@ class Limits:
     max_time_limit_s: float
 
 
-def submit(session: Session, clock: Clock, who: Submitter, spec: JobSubmit, limits: Limits) -> Job:
+def submit(
+    session: Session, clock: Clock, who: Submitter, spec: JobSubmit, limits: Limits, *, backend: str = "builtin"
+) -> Job:
+    """Queue a job for `backend` ("builtin", or "slurm": the Slurm sync hands it to sbatch)."""
+    if backend == "slurm" and spec.container:
+        raise InvalidInput(
+            "containers are not run through Slurm by gpufleet (Slurm needs pyxis/enroot for images); "
+            "start the container from the job's script"
+        )
     run_as = _run_as(session, who, spec)
     project = _project(session, who, run_as, spec)
     time_limit = spec.time_limit_s if spec.time_limit_s is not None else limits.default_time_limit_s
@@ -56,7 +64,7 @@ def submit(session: Session, clock: Clock, who: Submitter, spec: JobSubmit, limi
         project=project,
         submitted_by=who.actor,
         state=JobState.PENDING,
-        reason="submitted: waiting for the scheduler",
+        reason="submitted: waiting for the scheduler" if backend == "builtin" else "submitted: waiting to go to Slurm",
         nodes=spec.nodes,
         gpus_per_node=spec.gpus_per_node,
         cpus_per_node=spec.cpus_per_node,
@@ -70,6 +78,7 @@ def submit(session: Session, clock: Clock, who: Submitter, spec: JobSubmit, limi
         workdir=spec.workdir,
         container=spec.container,
         requeue=spec.requeue,
+        backend=backend,
         submitted_at=to_datetime(clock.now()),
     )
     session.add(job)

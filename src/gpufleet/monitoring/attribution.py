@@ -1,7 +1,8 @@
 """GPU samples attributed to the jobs that held the GPUs: per-job utilization, and idle GPUs held by jobs.
 
 Every `pass` (the leader's, every ATTRIBUTION_INTERVAL_S) reads each node's newest sample once
-(`fleet.latest_gpu_values`) and, for every running rank, adds to its job the GPU-seconds since the last
+(`fleet.latest_gpu_values`) and, for every running rank (and every running Slurm job, by the nodes and
+GPU indexes Slurm gave it), adds to its job the GPU-seconds since the last
 pass that a fresh sample covers (`sampled_gpu_seconds`) and those weighted by the GPUs' utilization
 (`busy_gpu_seconds`). Their ratio is the job's mean GPU utilization; summed per user or project it is
 the usage report's. A GPU whose node sent no sample lately is not counted either way, so a silent node
@@ -11,10 +12,13 @@ neither inflates nor deflates a job's figure.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpufleet.inventory.models import Node
 from gpufleet.jobs.models import Job, JobRank, JobState, RankState
 from gpufleet.jobs.schemas import IdleGpu
 from gpufleet.monitoring.fleet import latest_gpu_values
@@ -25,8 +29,18 @@ FRESH_INTERVALS = 3
 IDLE_UTIL_PCT = 5.0  # below this, a GPU a job holds counts as idle (the dashboard's threshold too)
 
 
-def _held_gpus(session: Session, now: float, metrics_interval_s: float) -> Iterator[tuple[JobRank, Job, int, float]]:
-    """(rank, job, GPU index, utilization) for every GPU a running rank holds whose node sent a fresh sample."""
+@dataclass(frozen=True)
+class _Held:
+    job: Job
+    node: str
+    index: int
+    util: float
+    since: datetime  # when the job's hold on the GPU began
+
+
+def _held_gpus(session: Session, now: float, metrics_interval_s: float) -> Iterator[_Held]:
+    """Every GPU a running job holds whose node sent a fresh sample, with its utilization: the built-in
+    jobs' running ranks, and Slurm's running jobs by the nodes and GPU indexes Slurm gave them."""
     latest = latest_gpu_values(session, now - FRESH_INTERVALS * metrics_interval_s)
     rows = session.execute(
         select(JobRank, Job)
@@ -34,11 +48,30 @@ def _held_gpus(session: Session, now: float, metrics_interval_s: float) -> Itera
         .where(JobRank.state == RankState.RUNNING, Job.state == JobState.RUNNING, JobRank.run == Job.run)
     )
     for rank, job in rows:
-        values = latest.get(rank.node_id or -1, {})
-        for index in rank.gpu_indexes:
-            util = values.get(f"gpu:{index}", {}).get("gpu_util")
-            if util is not None:
-                yield rank, job, index, min(max(util, 0.0), 100.0)
+        yield from _sampled(
+            job, rank.node, latest.get(rank.node_id or -1, {}), rank.gpu_indexes, rank.started_at or rank.assigned_at
+        )
+    slurm_jobs = list(
+        session.scalars(
+            select(Job).where(Job.backend == "slurm", Job.state == JobState.RUNNING, Job.allocation.is_not(None))
+        )
+    )
+    if not slurm_jobs:
+        return
+    node_ids: dict[str, int] = dict(session.execute(select(Node.name, Node.id)).all())
+    for job in slurm_jobs:
+        for node, indexes in (job.allocation or {}).items():
+            since = job.started_at or job.submitted_at
+            yield from _sampled(job, node, latest.get(node_ids.get(node, -1), {}), indexes, since)
+
+
+def _sampled(
+    job: Job, node: str, values: dict[str, dict[str, float]], indexes: list[int], since: datetime
+) -> Iterator[_Held]:
+    for index in indexes:
+        util = values.get(f"gpu:{index}", {}).get("gpu_util")
+        if util is not None:
+            yield _Held(job, node, index, min(max(util, 0.0), 100.0), since)
 
 
 def attribute(session: Session, now: float, elapsed_s: float, metrics_interval_s: float) -> int:
@@ -46,9 +79,9 @@ def attribute(session: Session, now: float, elapsed_s: float, metrics_interval_s
     if elapsed_s <= 0:
         return 0
     counted = 0
-    for _rank, job, _index, util in list(_held_gpus(session, now, metrics_interval_s)):
-        job.sampled_gpu_seconds += elapsed_s
-        job.busy_gpu_seconds += elapsed_s * util / 100.0
+    for held in list(_held_gpus(session, now, metrics_interval_s)):
+        held.job.sampled_gpu_seconds += elapsed_s
+        held.job.busy_gpu_seconds += elapsed_s * held.util / 100.0
         counted += 1
     session.flush()
     return counted
@@ -60,16 +93,16 @@ def idle_gpus(
     """GPUs that running jobs hold and do not use: their newest fresh sample is under `below_pct` utilization."""
     out = [
         IdleGpu(
-            job_id=job.id,
-            user=job.user,
-            project=job.project,
-            node=rank.node,
-            gpu=index,
-            gpu_util=util,
-            held_since=rank.started_at or rank.assigned_at,
+            job_id=held.job.id,
+            user=held.job.user,
+            project=held.job.project,
+            node=held.node,
+            gpu=held.index,
+            gpu_util=held.util,
+            held_since=held.since,
         )
-        for rank, job, index, util in _held_gpus(session, now, metrics_interval_s)
-        if util < below_pct
+        for held in _held_gpus(session, now, metrics_interval_s)
+        if held.util < below_pct
     ]
     out.sort(key=lambda g: (g.held_since, g.job_id, g.node, g.gpu))
     return out

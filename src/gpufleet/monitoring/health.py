@@ -13,6 +13,7 @@ in one query and kept for `FACTS_TTL_S`, so a manual drain or a new category is 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,12 +21,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.core.clock import Clock, to_datetime
+from gpufleet.core.errors import GpufleetError
 from gpufleet.inventory.models import Node
 from gpufleet.jobs.ports import OWN_DRAIN_PREFIX, WorkloadManager
 from gpufleet.monitoring.checks import HealthPolicy, NodeSnapshot, Verdict, evaluate
 from gpufleet.monitoring.models import AlertRule, HealthPolicyRow
 from gpufleet.monitoring.thresholds import BUILTIN_RULES, ThresholdRule, ThresholdState, Transition
 from gpufleet.monitoring.tracker import HealthTracker
+
+log = logging.getLogger(__name__)
 
 GPUFLEET_ACTOR = "gpufleet"
 FACTS_TTL_S = 5.0  # also how soon a changed health policy or alert rule is in force
@@ -195,13 +199,18 @@ class HealthJudge:
             node.health = verdict.state
             node.health_reasons = list(verdict.reasons)
             drained = None
-            if decision.drain and node.drained_at is None:
-                drained = decision.drain
-                self.workload.drain(session, node, drained, GPUFLEET_ACTOR)
             resumed = False
-            if decision.resume and (node.drain_reason or "").startswith(OWN_DRAIN_PREFIX):
-                self.workload.resume(session, node, GPUFLEET_ACTOR)
-                resumed = True
+            # One node's workload manager error (Slurm away, Slurm refusing) must not undo the pass for
+            # the others: its verdict is stored, its drain retried on the next pass that judges it.
+            try:
+                if decision.drain and node.drained_at is None:
+                    self.workload.drain(session, node, decision.drain, GPUFLEET_ACTOR)
+                    drained = decision.drain if node.drain_reason == decision.drain else None
+                if decision.resume and (node.drain_reason or "").startswith(OWN_DRAIN_PREFIX):
+                    self.workload.resume(session, node, GPUFLEET_ACTOR)
+                    resumed = True
+            except GpufleetError as exc:
+                log.warning("%s: %s: %s", node.name, "drain" if decision.drain else "resume", exc)
             self.facts[node.id] = NodeFacts.of(node, now)
             changes.append(HealthChange(node.id, node.name, before, verdict.state, verdict.reasons, drained, resumed))
         return changes

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gpufleet.monitoring.checks import Entities
-from gpufleet.protocol.metrics import CheckResult, NodeEvent, Sample
+from gpufleet.protocol.metrics import CheckResult, GpuJob, NodeEvent, Sample
 
 KEPT_SAMPLES = 8
 MAX_OPEN_EVENTS = 64
@@ -28,6 +28,7 @@ class NodeTrack:
     last_sample_at: float | None = None  # the head's clock when the last sample arrived
     new_samples: int = 0  # since the last evaluation: each is one round of the resume count
     checks: list[CheckResult] = field(default_factory=list)  # node-side checks, as of the latest sample
+    gpu_jobs: list[GpuJob] = field(default_factory=list)  # Slurm's jobs on the GPUs, as of the latest sample
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,13 @@ class HealthTracker:
                     # A sample too big for one message comes in parts with the same time: merge them.
                     track.samples[0][1].update(entities)
                     track.checks += sample.checks
+                    track.gpu_jobs += sample.gpu_jobs
                     continue
                 if track.samples and sample.ts < track.samples[0][0]:
                     continue  # a late duplicate after a reconnect
                 track.samples.appendleft((sample.ts, entities))
                 track.checks = list(sample.checks)
+                track.gpu_jobs = list(sample.gpu_jobs)
                 track.new_samples += 1
                 track.events = [e for e in track.events if not _cleared_by(e, sample.ts, entities)]
             track.last_sample_at = received_at
@@ -113,6 +116,12 @@ class HealthTracker:
         with self._lock:
             track = self._nodes.get(node_id)
             return dict(track.samples[0][1]) if track is not None and track.samples else {}
+
+    def gpu_jobs(self, node_id: int) -> list[GpuJob]:
+        """The workload manager's jobs on the node's GPUs (Slurm's job map), as of its latest sample."""
+        with self._lock:
+            track = self._nodes.get(node_id)
+            return list(track.gpu_jobs) if track is not None else []
 
 
 def _cleared_by(event: NodeEvent, ts: float, entities: Entities) -> bool:

@@ -23,6 +23,8 @@ MAX_SCRIPT_CHARS = 32 * 1024
 MAX_ENV = 128
 MAX_OUTPUT_CHUNK = 16 * 1024  # characters of output in one job_output message (well under the 64 KiB frame)
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+# A job's PATH unless it sets its own, under any executor (the agent's, or Slurm's through gpufleet).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 Outcome = Literal["completed", "failed", "cancelled", "timeout", "error"]
 Stream = Literal["stdout", "stderr"]

@@ -117,6 +117,28 @@ class CheckResult(BaseModel):
     message: Annotated[str, StringConstraints(max_length=256)] = ""
 
 
+# A workload manager's job id (Slurm's are numbers; dcgm-exporter's mapping files take any word) and the
+# names that label it. Prometheus takes any label value, but the head stores and shows these: keep them
+# to what Slurm and POSIX allow, short, and never a newline or a quote.
+JobId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")]
+JobOwner = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@$-]{0,64}$")]
+# 64 GPUs (protocol.inventory.MAX_GPUS_PER_NODE) shared by two jobs each. At about 200 bytes an entry
+# at most, they fit in a channel message next to the node's checks (kept to half of one).
+MAX_GPU_JOBS_PER_SAMPLE = 128
+
+
+class GpuJob(BaseModel):
+    """A job of the node's workload manager (Slurm) holding one of its GPUs, as the job's prolog wrote
+    it down (agent.slurm.mapping). A GPU shared by several jobs appears once per job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: int = Field(ge=0, le=255, description="the GPU's index, as in `gpu:<index>`")
+    job: JobId
+    user: JobOwner = ""  # empty: not known (a mapping file written without the job's details)
+    account: JobOwner = ""
+
+
 class Sample(BaseModel):
     """One collection round on one node."""
 
@@ -125,6 +147,8 @@ class Sample(BaseModel):
     ts: float = Field(description="Unix time the round started")
     entities: list[EntityValues] = Field(max_length=MAX_ENTITIES_PER_SAMPLE)
     checks: list[CheckResult] = Field(default_factory=list, max_length=256)
+    # Empty on a node without Slurm, and from agents older than the field.
+    gpu_jobs: list[GpuJob] = Field(default_factory=list, max_length=MAX_GPU_JOBS_PER_SAMPLE)
 
 
 EventKind = Literal["xid", "gpu_lost", "collector_failed"]

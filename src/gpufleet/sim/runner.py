@@ -23,8 +23,10 @@ from gpufleet.agent.inventory import inventory_source
 from gpufleet.agent.jobs.supervisor import JobSupervisor
 from gpufleet.agent.metrics.gpu import GpuCollector
 from gpufleet.agent.metrics.infiniband import IbCollector
+from gpufleet.agent.metrics.ports import Collector
 from gpufleet.agent.metrics.sampler import Sampler
 from gpufleet.agent.metrics.xid import XidBook, XidWatcher
+from gpufleet.agent.slurm.mapping import SlurmJobMap
 from gpufleet.client import AgentHttp
 from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.protocol.inventory import MAX_GPUS_PER_NODE
@@ -62,6 +64,9 @@ class SimOptions:
     ib_ports: int = 4  # simulated InfiniBand ports per node
     # Simulated nodes run no host checks; a number gives each a SimulatedChecks (no results until a test sets some).
     checks_interval_s: float | None = None
+    # Node name -> a Slurm job map directory its samples report (the test Slurm's node is named after a
+    # simulated node, so the real prolog's map lands on that node's GPUs); other nodes have no Slurm.
+    slurm_job_maps: dict[str, Path] = field(default_factory=dict)
 
 
 @dataclass
@@ -113,9 +118,11 @@ class Simulation:
         if self.options.metrics_interval_s is None:
             return
         xids = XidBook()
-        options.metrics = Sampler(
-            [GpuCollector(nvml, xids=xids), SimulatedHostMetrics(name, nvml), IbCollector(infiniband)]
-        )
+        collectors: list[Collector] = [GpuCollector(nvml, xids=xids), SimulatedHostMetrics(name, nvml)]
+        collectors.append(IbCollector(infiniband))
+        if name in self.options.slurm_job_maps:
+            collectors.append(SlurmJobMap(self.options.slurm_job_maps[name]))
+        options.metrics = Sampler(collectors)
         # The simulated event set answers at once: polled on the loop, not from a thread per node.
         options.events = XidWatcher(nvml, xids, blocking=False)
         options.metrics_interval_s = self.options.metrics_interval_s

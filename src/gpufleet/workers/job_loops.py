@@ -1,7 +1,9 @@
-"""The built-in workload manager's loops on the head: schedule, dispatch, store output, attribute.
+"""The job loops on the head: schedule (or sync with Slurm), dispatch, store output, attribute.
 
 - the leader schedules every `scheduler_interval_s`, and at once after a submit or a rank's end
-  (`wake`): `jobs.tick.run_tick`;
+  (`wake`): `jobs.tick.run_tick`; under `workload_manager = "slurm"` it runs the pass with Slurm
+  instead (`jobs.slurm.sync`: submit, read jobs and nodes back, cancel) every `slurm_poll_interval_s`
+  and at once after a submit or a cancel;
 - every replica sends the starts and cancels due for the nodes whose channels it holds
   (`jobs.dispatch.outgoing`), every half second and at once after a scheduling pass;
 - agents' output is buffered from the channels and written in batches;
@@ -29,6 +31,7 @@ from gpufleet.core.errors import Unavailable
 from gpufleet.core.loops import run_periodic
 from gpufleet.jobs import dispatch, lifecycle, output
 from gpufleet.jobs.scheduler import Policy
+from gpufleet.jobs.slurm.sync import SlurmSync, SyncResult
 from gpufleet.jobs.tick import TickResult, TickSettings, run_tick
 from gpufleet.monitoring import attribution
 from gpufleet.protocol.jobs import JobHeld, JobOutput, JobUpdate, RankRef
@@ -67,6 +70,9 @@ class JobLoops:
     _dispatch_now: asyncio.Event | None = None
     _last_attribution: float | None = None
     dropped_chunks: int = 0
+    # Under workload_manager = "slurm": the pass that takes the scheduler's place (jobs.slurm.sync).
+    slurm: SlurmSync | None = None
+    _slurm_problem: str | None = None
 
     def wake(self) -> None:
         """Schedule (and dispatch) now rather than at the next interval. Callable from any thread."""
@@ -105,11 +111,27 @@ class JobLoops:
     def schedule_once(self) -> TickResult | None:
         if not self.is_leader():
             return None
+        if self.slurm is not None:
+            self.slurm_once()
+            return None
         result = run_tick(self.sessions, self.clock, tick_settings(self.settings))
         for job_id in result.ended:
             log.info("job %s ended by the scheduler (node failure or time limit)", job_id)
         if result.placed:
             log.info("placed job(s) %s", ", ".join(map(str, result.placed)))
+        return result
+
+    def slurm_once(self) -> SyncResult | None:
+        """One pass with Slurm (the leader's); Slurm being away is logged once, not every pass."""
+        if self.slurm is None or not self.is_leader():
+            return None
+        result = self.slurm.once()
+        if result.problem != self._slurm_problem:
+            if result.problem:
+                log.warning("Slurm cannot be reached; jobs wait: %s", result.problem)
+            else:
+                log.info("Slurm answers again")
+            self._slurm_problem = result.problem
         return result
 
     def dispatch_once(self, nodes: list[int] | None = None) -> int:
@@ -146,6 +168,9 @@ class JobLoops:
         with transaction(self.sessions) as session:
             return attribution.attribute(session, now, elapsed, self.settings.metrics_interval_s)
 
+    def _schedule_interval_s(self) -> float:
+        return self.settings.slurm_poll_interval_s if self.slurm is not None else self.settings.scheduler_interval_s
+
     # -- the loops ----------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         self._loop = asyncio.get_running_loop()
@@ -173,9 +198,7 @@ class JobLoops:
 
         try:
             await asyncio.gather(
-                run_periodic(
-                    "scheduler", self.settings.scheduler_interval_s, schedule_step, stop, wake=self._schedule_now
-                ),
+                run_periodic("scheduler", self._schedule_interval_s(), schedule_step, stop, wake=self._schedule_now),
                 run_periodic("job-dispatch", DISPATCH_S, dispatch_step, stop, wake=self._dispatch_now),
                 run_periodic("job-output", OUTPUT_FLUSH_S, flush_step, stop),
                 run_periodic("job-attribution", attribution.ATTRIBUTION_INTERVAL_S, attribute_step, stop),

@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.agent.jobs.identity import DEFAULT_PATH, CannotStart, Identity, command_for
-from gpufleet.protocol.jobs import JobStart
+from gpufleet.agent.jobs.identity import CannotStart, Identity, command_for
+from gpufleet.protocol.jobs import DEFAULT_PATH, JobStart
 
 PODMAN_INIT = Path("/usr/libexec/podman/catatonit")  # what `podman run --init` runs
 NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")

@@ -13,9 +13,7 @@ import os
 import pwd
 from dataclasses import dataclass
 
-from gpufleet.protocol.jobs import JobStart
-
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+from gpufleet.protocol.jobs import DEFAULT_PATH, JobStart
 
 
 class CannotStart(Exception):

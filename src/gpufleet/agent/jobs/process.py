@@ -69,7 +69,6 @@ from gpufleet.agent.jobs.containers import (
 )
 from gpufleet.agent.jobs.identity import (
     DEFAULT_MIN_UID,
-    DEFAULT_PATH,
     CannotStart,
     Identity,
     allocation_environment,
@@ -81,7 +80,7 @@ from gpufleet.agent.jobs.identity import (
 from gpufleet.agent.jobs.output import OutputStream, RankProtocol, spool_file
 from gpufleet.agent.jobs.ports import OnOutput, OnStarted, RankResult
 from gpufleet.agent.jobs.tree import ProcessTree
-from gpufleet.protocol.jobs import JobStart
+from gpufleet.protocol.jobs import DEFAULT_PATH, JobStart
 
 log = logging.getLogger(__name__)
 

@@ -137,21 +137,21 @@ class Outbox:
 
     def _split(self, sample: Sample) -> list[str]:
         """Parts of a sample too big for one message (64 GPUs and many ports): same `ts`, entities packed
-        greedily by their serialised size. The node's checks go whole in the first part (the agent keeps
-        them to half a message)."""
+        greedily by their serialised size. The node's checks and GPU jobs go whole in the first part (the
+        agent keeps checks to half a message, and GPU jobs are bounded to fit beside them)."""
         budget = self._budget(_METRICS_HEAD)
         empty = len(Sample(ts=sample.ts, entities=[]).model_dump_json())
-        checks = sample.checks
+        checks, jobs = sample.checks, sample.gpu_jobs
         parts: list[str] = []
         current: list[EntityValues] = []
-        used = len(Sample(ts=sample.ts, entities=[], checks=checks).model_dump_json().encode())
+        used = len(Sample(ts=sample.ts, entities=[], checks=checks, gpu_jobs=jobs).model_dump_json().encode())
         for entity in sample.entities:
             size = len(entity.model_dump_json().encode()) + 1
-            if (current or checks) and used + size > budget:
-                parts.append(Sample(ts=sample.ts, entities=current, checks=checks).model_dump_json())
-                current, used, checks = [], empty, []
+            if (current or checks or jobs) and used + size > budget:
+                parts.append(Sample(ts=sample.ts, entities=current, checks=checks, gpu_jobs=jobs).model_dump_json())
+                current, used, checks, jobs = [], empty, [], []
             current.append(entity)
             used += size
-        if current or checks:
-            parts.append(Sample(ts=sample.ts, entities=current, checks=checks).model_dump_json())
+        if current or checks or jobs:
+            parts.append(Sample(ts=sample.ts, entities=current, checks=checks, gpu_jobs=jobs).model_dump_json())
         return parts

@@ -18,8 +18,10 @@ from gpufleet.agent.metrics.ports import Collector, EntityMap
 from gpufleet.core.errors import describe
 from gpufleet.protocol.metrics import (
     MAX_ENTITIES_PER_SAMPLE,
+    MAX_GPU_JOBS_PER_SAMPLE,
     MAX_METRICS_PER_ENTITY,
     EntityValues,
+    GpuJob,
     NodeEvent,
     Sample,
 )
@@ -44,6 +46,7 @@ class Sampler:
         started = time.perf_counter()
         entities: EntityMap = {}
         events: list[NodeEvent] = []
+        gpu_jobs: list[GpuJob] = []
         for collector in self.collectors:
             try:
                 collected = collector.collect()
@@ -53,11 +56,18 @@ class Sampler:
             for entity, values in collected.entities.items():
                 entities.setdefault(entity, {}).update(values)
             events.extend(collected.events)
+            gpu_jobs.extend(collected.gpu_jobs)
             for problem in collected.problems:
                 self._failed(collector.name, problem, events)
         host = entities.setdefault("host", {})
         host["metrics_collect_s"] = round(time.perf_counter() - started, 6)
-        return self._sample(ts, entities, events), events
+        if len(gpu_jobs) > MAX_GPU_JOBS_PER_SAMPLE:
+            self._failed("sampler", f"{len(gpu_jobs)} GPU jobs, only {MAX_GPU_JOBS_PER_SAMPLE} sent", events)
+            gpu_jobs = gpu_jobs[:MAX_GPU_JOBS_PER_SAMPLE]
+        sample = self._sample(ts, entities, events)
+        if gpu_jobs:  # already valid models: the collector built them
+            sample = sample.model_copy(update={"gpu_jobs": gpu_jobs})
+        return sample, events
 
     def _sample(self, ts: float, entities: EntityMap, events: list[NodeEvent]) -> Sample:
         """Build the Sample: non-finite values dropped, limits kept; an entity the schema refuses is dropped

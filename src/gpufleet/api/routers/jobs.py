@@ -1,4 +1,5 @@
-"""Jobs on the built-in workload manager: submit, list, show, cancel, output; usage reports."""
+"""Jobs: submit, list, show, cancel, output; usage reports. Under Slurm the same routes, with the Slurm sync
+(jobs.slurm.sync) submitting and cancelling in Slurm, and the output read from Slurm's file."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gpufleet.core.errors import Forbidden, InvalidInput
 from gpufleet.jobs import accounting, lifecycle, output, queries, submission
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.jobs.schemas import IdleGpu, JobDetail, JobOut, JobSubmit, OutputPage, UsageReport
+from gpufleet.jobs.slurm import output as slurm_output
 from gpufleet.monitoring import attribution
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -37,7 +39,7 @@ def submit_job(body: JobSubmit, request: Request, who: Submit, ctx: Ctx) -> JobD
     limits = submission.Limits(ctx.settings.job_default_time_limit_s, ctx.settings.job_max_time_limit_s)
     submitter = submission.Submitter(actor=who.actor, user=who.user, admin=_admin(who))
     with tx(ctx) as db:
-        job = submission.submit(db, ctx.clock, submitter, body, limits)
+        job = submission.submit(db, ctx.clock, submitter, body, limits, backend=ctx.settings.workload_manager)
         out = queries.job_detail(job, reveal=True)
     request.state.audit_target = f"job {out.id} ({out.nodes}x{out.gpus_per_node} GPUs, project {out.project})"
     ctx.jobs.wake()
@@ -92,6 +94,8 @@ def job_output(
         job = lifecycle.get_job(db, job_id)
         if not _reveal(who, job):
             raise Forbidden(f"the output of job {job_id} is for its user ({job.user}) and job admins")
+        if job.backend == "slurm":
+            return slurm_output.read(job, ctx.settings.slurm_output_dir, after=after)
         return output.read(db, job, after=after, limit=limit, rank=rank)
 
 

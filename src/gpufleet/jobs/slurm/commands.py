@@ -87,10 +87,13 @@ class SlurmCommands:
             self.env["SLURM_CONF"] = env["SLURM_CONF"]
         self.env.setdefault("LC_ALL", "C")
 
-    def run(self, argv: Sequence[str], *, timeout_s: float | None = None) -> str:
+    def run(
+        self, argv: Sequence[str], *, timeout_s: float | None = None, extra_env: Mapping[str, str] | None = None
+    ) -> str:
         """Run one Slurm program and return its stdout.
 
         `argv` must be a list of arguments (a str is refused: it would be one program name, or tempt a shell).
+        `extra_env` is added to the program's environment (sbatch passes named variables on to the job).
         Raises Unavailable when the program is missing, times out or cannot reach slurmctld, and
         InvalidInput when Slurm refuses the request; both name the command and carry Slurm's stderr.
         """
@@ -99,7 +102,7 @@ class SlurmCommands:
         limit = self.timeout_s if timeout_s is None else timeout_s
         command = _quoted(argv)
         try:
-            done = self.runner(argv, env=self.env, timeout_s=limit)
+            done = self.runner(argv, env=self.env | dict(extra_env or {}), timeout_s=limit)
         except FileNotFoundError:
             raise Unavailable(f"Slurm: {argv[0]} not found (is the Slurm client installed?): {command}") from None
         except subprocess.TimeoutExpired:

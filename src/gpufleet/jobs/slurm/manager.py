@@ -73,6 +73,9 @@ class SlurmWorkloadManager:
         self.clock = clock
         self.json_output = json_output
         self.automatic_actor = automatic_actor
+        # Counts drains and resumes made through gpufleet: the sync's mirror of Slurm's drains skips a
+        # pass during which this changed, lest a read taken before the change undo it.
+        self.changes = 0
 
     def node_states(self) -> list[SlurmNode]:
         """Every Slurm node's state, flags and reason. Raises Unavailable if Slurm cannot be reached."""
@@ -120,6 +123,7 @@ class SlurmWorkloadManager:
                 # Someone else's drain: keep it theirs (Slurm untouched), and let the row say so.
                 self._record(session, node, current.reason, f"{FOREIGN_ACTOR_PREFIX}{current.reason_user or 'unknown'}")
                 return
+        self.changes += 1
         self.commands.run(["scontrol", "update", f"nodename={node.name}", "state=drain", f"reason={reason}"])
         self._record(session, node, reason, actor)
 
@@ -133,6 +137,7 @@ class SlurmWorkloadManager:
         if current.drain or current.state == "down":
             if not self.may_resume(current, node, actor):
                 raise ForeignDrain(current)
+            self.changes += 1
             self.commands.run(["scontrol", "update", f"nodename={node.name}", "state=resume"])
         node.drained_at = None
         node.drain_reason = None

@@ -1,0 +1,244 @@
+"""Slurm's jobs as gpufleet needs them: id, owner, state, where they run and on which GPUs. Pure parsing.
+
+`squeue --json` (21.08 and later; checked on 22.05.8) lists pending and running jobs and, with
+`--states=all`, those that ended less than MinJobAge (300 s by default) ago. The shapes that changed
+between versions are all read:
+
+- `job_state`: "RUNNING" (22.05) or ["RUNNING"] / ["PENDING", "REQUEUED"] (23.02 and later);
+- times and limits: seconds / minutes as plain numbers, 0 for "never" (22.05), or
+  {"set": .., "infinite": .., "number": ..} (23.11 and later);
+- `exit_code`: the raw wait status as a number (22.05), or {"status": [..], "return_code": .., "signal":
+  {"id": ..}} (23.11 and later);
+- `gres_detail`: per node, in `nodes` order, "gpu:TYPE:N(IDX:0-1,3)" or "gpu:N(IDX:..)".
+
+A job submitted through gpufleet carries `--comment=gpufleet:<id>` (`GPUFLEET_COMMENT`), which is how a
+gpufleet job is found in Slurm again (after a lost answer from sbatch, or a restart of the head).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import hostlist
+
+from gpufleet.core.errors import InvalidInput, Unavailable
+from gpufleet.jobs.models import JobState
+
+SQUEUE_JSON = ("squeue", "--json", "--states=all")
+GPUFLEET_COMMENT = "gpufleet:"
+
+# Slurm's job states (job_state_string) → gpufleet's. Anything not here counts as running: the job holds
+# its nodes (CONFIGURING, COMPLETING, SUSPENDED, STAGE_OUT, SIGNALING, RESIZING...).
+SLURM_STATES = {
+    "PENDING": JobState.PENDING,
+    "REQUEUED": JobState.PENDING,
+    "REQUEUE_HOLD": JobState.PENDING,
+    "REQUEUE_FED": JobState.PENDING,
+    "SPECIAL_EXIT": JobState.PENDING,
+    "RESV_DEL_HOLD": JobState.PENDING,
+    "COMPLETED": JobState.COMPLETED,
+    "FAILED": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED,
+    "DEADLINE": JobState.FAILED,
+    "OUT_OF_MEMORY": JobState.FAILED,
+    "CANCELLED": JobState.CANCELLED,
+    "PREEMPTED": JobState.CANCELLED,
+    "REVOKED": JobState.CANCELLED,
+    "TIMEOUT": JobState.TIMEOUT,
+    "NODE_FAIL": JobState.NODE_FAIL,
+}
+_GPU_GRES = re.compile(r"^gpu(?::[^:(]+)?:(\d+)\(IDX:([^)]*)\)")
+_GPU_REQUEST = re.compile(r"(?:^|,)(?:gres[:/])?gpu(?::[^:,]+)?[:=](\d+)")
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One job as Slurm reports it."""
+
+    job_id: str
+    name: str
+    user: str
+    account: str | None
+    partition: str | None
+    slurm_state: str  # Slurm's own word, e.g. RUNNING, PENDING, CANCELLED
+    reason: str | None  # why it pends (Resources, Priority, AssocGrpGRES...), None when it does not
+    comment: str | None
+    nodes: tuple[str, ...] = ()
+    node_count: int = 1
+    gpus_per_node: int = 0
+    gpus: dict[str, list[int]] = field(default_factory=dict)  # node → GPU indexes Slurm gave the job there
+    time_limit_s: float | None = None
+    submitted_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    exit_code: int | None = None
+
+    @property
+    def state(self) -> JobState:
+        return SLURM_STATES.get(self.slurm_state, JobState.RUNNING)
+
+    @property
+    def gpufleet_id(self) -> int | None:
+        """The gpufleet job this is, when it was submitted through gpufleet."""
+        comment = self.comment or ""
+        if comment.startswith(GPUFLEET_COMMENT) and comment[len(GPUFLEET_COMMENT) :].isdigit():
+            return int(comment[len(GPUFLEET_COMMENT) :])
+        return None
+
+
+def _number(value: Any) -> float | None:
+    """22.05: a plain number; 23.11+: {"set": bool, "infinite": bool, "number": n}. None when unset."""
+    if isinstance(value, Mapping):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _time(value: Any, *, now: float | None = None) -> datetime | None:
+    seconds = _number(value)
+    if seconds is None or seconds <= 0:
+        return None
+    if now is not None and seconds > now + 10 * 365 * 86_400:  # "end" of a running job: start + limit
+        return None
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def _exit_code(value: Any) -> int | None:
+    """The job's exit status: 0-255, or 128 + the signal that killed it."""
+    if isinstance(value, Mapping):
+        code = _number(value.get("return_code"))
+        signal = value.get("signal")
+        signal_id = _number(signal.get("id")) if isinstance(signal, Mapping) else None
+        if signal_id:
+            return 128 + int(signal_id)
+        return None if code is None else int(code)
+    raw = _number(value)
+    if raw is None:
+        return None
+    status = int(raw)  # a wait(2) status: exit code in the high byte, signal in the low 7 bits
+    if status & 0x7F:
+        return 128 + (status & 0x7F)
+    return (status >> 8) & 0xFF
+
+
+def _indexes(spec: str) -> list[int]:
+    """ "0-1,3" → [0, 1, 3]. Raises ValueError on anything else."""
+    found: list[int] = []
+    for raw in spec.split(","):
+        part = raw.strip()
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        found.extend(range(int(low), int(high or low) + 1))
+    return found
+
+
+def _gpus(nodes: tuple[str, ...], details: Any) -> dict[str, list[int]]:
+    if not isinstance(details, list):
+        return {}
+    placed: dict[str, list[int]] = {}
+    for node, detail in zip(nodes, details, strict=False):
+        match = _GPU_GRES.match(str(detail))
+        if match:
+            try:
+                placed[node] = _indexes(match.group(2))
+            except ValueError:
+                continue
+    return placed
+
+
+def _gpus_requested(raw: Mapping[str, Any]) -> int:
+    """GPUs per node the job asked for: tres_per_node "gres:gpu:2" (22.05) or "gres/gpu=2" (23.x)."""
+    for key in ("tres_per_node", "tres_per_job"):
+        value = raw.get(key)
+        if isinstance(value, str):
+            match = _GPU_REQUEST.search(value)
+            if match:
+                return int(match.group(1))
+    return 0
+
+
+def _state(raw: Mapping[str, Any]) -> str:
+    value = raw.get("job_state")
+    words = [value] if isinstance(value, str) else [str(w) for w in value or []]
+    words = [w.strip().upper() for w in words if str(w).strip()]
+    if not words:
+        raise InvalidInput(f"Slurm: job {raw.get('job_id')} in squeue --json has no state")
+    # 23.02+: the base state first, then flags such as REQUEUED or COMPLETING.
+    return words[0]
+
+
+def _text(value: Any) -> str | None:
+    text = "" if value is None else str(value).strip()
+    return text or None
+
+
+def _job(raw: Mapping[str, Any], now: float | None) -> SlurmJob:
+    job_id = _number(raw.get("job_id"))
+    if job_id is None:
+        raise InvalidInput("Slurm: a job in squeue --json has no job_id")
+    nodes_text = _text(raw.get("nodes")) or ""
+    try:
+        nodes = tuple(hostlist.expand_hostlist(nodes_text)) if nodes_text else ()
+    except hostlist.BadHostlist:
+        raise InvalidInput(f"Slurm: job {int(job_id)} runs on an unreadable node list {nodes_text!r}") from None
+    reason = _text(raw.get("state_reason"))
+    limit_min = _number(raw.get("time_limit"))
+    state = _state(raw)
+    ended = SLURM_STATES.get(state) not in (None, JobState.PENDING)
+    return SlurmJob(
+        job_id=str(int(job_id)),
+        name=_text(raw.get("name")) or "",
+        user=_text(raw.get("user_name")) or str(raw.get("user_id", "")),
+        account=_text(raw.get("account")),
+        partition=_text(raw.get("partition")),
+        slurm_state=state,
+        reason=None if reason in (None, "None") else reason,
+        comment=_text(raw.get("comment")),
+        nodes=nodes,
+        node_count=int(_number(raw.get("node_count")) or max(len(nodes), 1)),
+        gpus_per_node=_gpus_requested(raw),
+        gpus=_gpus(nodes, raw.get("gres_detail")),
+        time_limit_s=None if limit_min is None or limit_min <= 0 else limit_min * 60.0,
+        submitted_at=_time(raw.get("submit_time")),
+        started_at=_time(raw.get("start_time")) if state != "PENDING" else None,
+        ended_at=_time(raw.get("end_time"), now=now) if ended else None,
+        exit_code=_exit_code(raw.get("exit_code")) if ended else None,
+    )
+
+
+def parse_squeue_json(output: str, *, now: float | None = None) -> list[SlurmJob]:
+    """Jobs from `squeue --json`, in Slurm's order.
+
+    Raises Unavailable when Slurm reports errors (an unreachable slurmctld exits 0 with an "errors" list),
+    InvalidInput when the output is not the JSON expected.
+    """
+    try:
+        document = json.loads(output)
+    except ValueError as exc:
+        raise InvalidInput(f"Slurm: squeue --json did not print JSON: {exc}") from None
+    if not isinstance(document, Mapping):
+        raise InvalidInput("Slurm: squeue --json printed JSON that is not an object")
+    errors = [e for e in document.get("errors") or [] if e]
+    if errors:
+        described = "; ".join(
+            str(e.get("error") or e.get("description") or e) if isinstance(e, Mapping) else str(e) for e in errors
+        )
+        raise Unavailable(f"Slurm: squeue --json reported: {described}")
+    raw_jobs = document.get("jobs")
+    if not isinstance(raw_jobs, list):
+        raise InvalidInput("Slurm: squeue --json has no job list")
+    jobs = []
+    for raw in raw_jobs:
+        if not isinstance(raw, Mapping):
+            raise InvalidInput("Slurm: a job in squeue --json is not an object")
+        jobs.append(_job(raw, now))
+    return jobs

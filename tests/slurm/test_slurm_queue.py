@@ -1,0 +1,254 @@
+"""Slurm's jobs parsed from real `squeue --json` output (22.05.8), the later versions' shapes, sacct's
+lines for jobs that left the queue, and gpufleet jobs rendered as sbatch arguments and scripts."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from gpufleet.core.errors import InvalidInput, NotFound, Unavailable
+from gpufleet.jobs.models import Job, JobState
+from gpufleet.jobs.slurm import output as slurm_output
+from gpufleet.jobs.slurm.batch import BatchOptions, render_script, sbatch_argv
+from gpufleet.jobs.slurm.history import parse_sacct_end
+from gpufleet.jobs.slurm.queue import SlurmJob, parse_squeue_json
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "slurm"
+
+
+def jobs(name: str) -> dict[str, SlurmJob]:
+    return {j.name: j for j in parse_squeue_json((FIXTURES / name).read_text())}
+
+
+def test_running_and_pending_jobs_of_slurm_22_05() -> None:
+    found = jobs("squeue-json-active.json")
+    holder = found["holder"]
+    assert (holder.job_id, holder.user, holder.partition, holder.slurm_state) == ("21", "nobody", "gpu", "RUNNING")
+    assert holder.state == JobState.RUNNING
+    assert holder.gpufleet_id == 7  # its --comment=gpufleet:7
+    assert holder.nodes == ("sim001",)
+    assert holder.gpus == {"sim001": [0, 1, 2]}
+    assert holder.gpus_per_node == 3
+    assert holder.time_limit_s == 300.0
+    assert holder.started_at is not None
+    assert holder.ended_at is None  # Slurm's end_time of a running job is its start plus the limit, not an end
+    assert holder.exit_code is None
+    waiter = found["waiter"]
+    assert (waiter.state, waiter.reason, waiter.nodes, waiter.gpus) == (JobState.PENDING, "Resources", (), {})
+    assert waiter.gpufleet_id is None
+    assert waiter.time_limit_s is None  # no --time: the partition's INFINITE
+    assert found["ok"].reason == "Priority"
+    assert found["ok"].gpus_per_node == 0
+    assert (found["cancelled"].state, found["cancelled"].reason) == (JobState.CANCELLED, "JobHeldUser")
+
+
+def test_how_jobs_ended_in_slurm_22_05() -> None:
+    found = jobs("squeue-json-ended.json")
+    ended = {name: (j.state, j.exit_code, j.reason) for name, j in found.items()}
+    assert ended == {
+        "holder": (JobState.COMPLETED, 0, None),
+        "waiter": (JobState.COMPLETED, 0, None),
+        "fails": (JobState.FAILED, 5, "NonZeroExitCode"),  # exit 5: wait status 1280
+        "killed": (JobState.FAILED, 128 + 9, "JobLaunchFailure"),  # SIGKILL
+        "timesout": (JobState.TIMEOUT, 128 + 15, "TimeLimit"),  # SIGTERM at the limit
+        "ok": (JobState.COMPLETED, 0, None),
+        "cancelled": (JobState.CANCELLED, 0, "JobHeldUser"),
+    }
+    for job in found.values():
+        assert job.ended_at is not None
+        assert job.submitted_at is not None
+
+
+def test_the_shapes_of_slurm_23_11_and_later() -> None:
+    """From 23.02 job_state is a list of words and from 23.11 numbers are {set, infinite, number} and the
+    exit code an object (field names as in Slurm's openapi v0.0.40 job description)."""
+    raw = {
+        "jobs": [
+            {
+                "job_id": 812,
+                "name": "train",
+                "user_name": "alice",
+                "account": "vision",
+                "partition": "h200",
+                "job_state": ["COMPLETED"],
+                "state_reason": "None",
+                "comment": "gpufleet:44",
+                "nodes": "gpu[001-002]",
+                "node_count": {"set": True, "infinite": False, "number": 2},
+                "gres_detail": ["gpu:h200:8(IDX:0-7)", "gpu:h200:8(IDX:0-7)"],
+                "tres_per_node": "gres/gpu=8",
+                "time_limit": {"set": True, "infinite": False, "number": 60},
+                "submit_time": {"set": True, "infinite": False, "number": 1796000000},
+                "start_time": {"set": True, "infinite": False, "number": 1796000010},
+                "end_time": {"set": True, "infinite": False, "number": 1796003610},
+                "exit_code": {"status": ["SIGNALED"], "return_code": {"set": True, "number": 0}, "signal": {"id": 9}},
+            },
+            {
+                "job_id": 813,
+                "name": "wait",
+                "user_name": "bob",
+                "job_state": ["PENDING", "REQUEUED"],
+                "state_reason": "Priority",
+                "nodes": "",
+                "time_limit": {"set": False, "infinite": True, "number": 0},
+                "submit_time": {"set": True, "infinite": False, "number": 1796000000},
+                "start_time": {"set": True, "infinite": False, "number": 0},
+                "exit_code": {"status": ["PENDING"], "return_code": {"set": True, "number": 0}},
+            },
+        ],
+        "errors": [],
+    }
+    train, wait = parse_squeue_json(json.dumps(raw))
+    assert (train.state, train.gpufleet_id, train.node_count, train.gpus_per_node) == (JobState.COMPLETED, 44, 2, 8)
+    assert train.gpus == {"gpu001": list(range(8)), "gpu002": list(range(8))}
+    assert train.time_limit_s == 3600.0
+    assert train.exit_code == 128 + 9
+    assert train.ended_at == datetime.fromtimestamp(1796003610, UTC)
+    assert (wait.state, wait.reason, wait.time_limit_s, wait.started_at) == (JobState.PENDING, "Priority", None, None)
+
+
+def test_an_unreachable_controller_and_bad_output_are_clear_errors() -> None:
+    unreachable = {
+        "jobs": [],
+        "errors": [{"error": "Unable to contact slurm controller (connect failure)", "errno": 1}],
+    }
+    with pytest.raises(Unavailable, match="Unable to contact slurm controller"):
+        parse_squeue_json(json.dumps(unreachable))
+    with pytest.raises(InvalidInput, match="did not print JSON"):
+        parse_squeue_json("JOBID PARTITION NAME")
+    with pytest.raises(InvalidInput, match="no job list"):
+        parse_squeue_json("{}")
+    with pytest.raises(InvalidInput, match="no state"):
+        parse_squeue_json(json.dumps({"jobs": [{"job_id": 1}]}))
+    with pytest.raises(InvalidInput, match="unreadable node list"):
+        parse_squeue_json(json.dumps({"jobs": [{"job_id": 1, "job_state": "RUNNING", "nodes": "gpu[3-1"}]}))
+
+
+def test_a_comment_names_a_gpufleet_job_only_in_gpufleets_form() -> None:
+    def with_comment(comment: str | None) -> int | None:
+        return SlurmJob("1", "n", "u", None, None, "RUNNING", None, comment).gpufleet_id
+
+    assert with_comment("gpufleet:12") == 12
+    assert [with_comment(c) for c in (None, "gpufleet:", "gpufleet:12x", "my job", "gpufleet: 3")] == [None] * 5
+
+
+def test_sacct_tells_how_a_job_that_left_the_queue_ended() -> None:
+    lines = "30|CANCELLED by 0|0:15|2026-11-30T09:30:01\n31|COMPLETED|0:0|2026-11-30T09:31:00\n"
+    assert parse_sacct_end(lines, "30") == (
+        JobState.CANCELLED,
+        "cancelled",
+        128 + 15,
+        datetime(2026, 11, 30, 9, 30, 1, tzinfo=UTC),
+    )
+    assert parse_sacct_end(lines, "31") == (
+        JobState.COMPLETED,
+        "completed",
+        0,
+        datetime(2026, 11, 30, 9, 31, tzinfo=UTC),
+    )
+    assert parse_sacct_end(lines, "32") is None
+    assert parse_sacct_end("33|RUNNING|0:0|Unknown\n", "33") is None  # not ended: nothing to record
+
+
+def job(**values: object) -> Job:
+    defaults: dict[str, object] = {
+        "id": 5,
+        "name": "train",
+        "user": "alice",
+        "project": "vision",
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "cpus_per_node": 0,
+        "mem_per_node_mib": 0,
+        "time_limit_s": 3601.0,
+        "argv": ["python", "train.py", "--lr", "3e-4", "--name", "it's mine"],
+        "script": None,
+        "env": {},
+        "workdir": None,
+        "container": None,
+        "requeue": False,
+        "category": None,
+    }
+    return Job(**(defaults | values))
+
+
+def test_a_job_becomes_sbatch_arguments_one_option_each() -> None:
+    argv = sbatch_argv(job(), "/tmp/s.sh", BatchOptions(partition="batch"), head_user="alice")
+    assert argv == [
+        "sbatch",
+        "--parsable",
+        "--job-name=train",
+        "--comment=gpufleet:5",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--time=61",  # minutes, rounded up
+        "--export=PATH",  # a standard PATH; nothing of the head's environment
+        "--no-requeue",
+        "--gres=gpu:8",
+        "--partition=batch",
+        "--account=vision",
+        "/tmp/s.sh",
+    ]
+    other = sbatch_argv(
+        job(category="h200", cpus_per_node=16, mem_per_node_mib=65536, workdir="/work", requeue=True, gpus_per_node=0),
+        "/tmp/s.sh",
+        BatchOptions(partition="batch", output_dir=Path("/shared/out"), run_as_others=True),
+        head_user="root",
+    )
+    assert "--gres=gpu:0" not in other
+    for option in (
+        "--requeue",
+        "--cpus-per-task=16",
+        "--mem=65536",
+        "--partition=h200",
+        "--chdir=/work",
+        "--output=/shared/out/gpufleet-%j.out",
+        "--uid=alice",
+    ):
+        assert option in other
+
+
+def test_what_cannot_go_to_slurm_is_refused_with_the_reason() -> None:
+    with pytest.raises(InvalidInput, match="pyxis"):
+        sbatch_argv(job(container="nvcr.io/nvidia/pytorch:24.05-py3"), "s", BatchOptions(), head_user="alice")
+    with pytest.raises(InvalidInput, match="runs as gpufleet and cannot submit job 5 to Slurm as alice"):
+        sbatch_argv(job(), "s", BatchOptions(), head_user="gpufleet")
+
+
+def test_the_script_is_the_jobs_own_or_its_command() -> None:
+    assert render_script(job()) == "#!/bin/sh\nexec python train.py --lr 3e-4 --name 'it'\"'\"'s mine'\n"
+    assert (
+        render_script(job(argv=[], script="#!/usr/bin/env python3\nprint(1)\n")) == "#!/usr/bin/env python3\nprint(1)\n"
+    )
+    assert render_script(job(argv=[], script="echo hi\n")) == "#!/bin/sh\necho hi\n"
+    with pytest.raises(InvalidInput, match="neither a command nor a script"):
+        render_script(job(argv=[]))
+
+
+def test_the_environment_is_named_to_sbatch_and_slurms_own_variables_are_refused() -> None:
+    argv = sbatch_argv(job(env={"B": "1,2", "A": "x"}), "s", BatchOptions(), head_user="alice")
+    assert "--export=A,B,PATH" in argv
+    with pytest.raises(InvalidInput, match="SBATCH_PARTITION, SLURM_CONF: variables starting SLURM_ or SBATCH_"):
+        sbatch_argv(job(env={"SLURM_CONF": "/x", "SBATCH_PARTITION": "y"}), "s", BatchOptions(), head_user="alice")
+
+
+def test_a_slurm_jobs_output_is_read_from_its_file_by_byte_offset(tmp_path: Path) -> None:
+    ended = job(external_id="812", state=JobState.COMPLETED, started_at=datetime(2026, 11, 30, tzinfo=UTC), run=0)
+    (tmp_path / "gpufleet-812.out").write_bytes("héllo\nwörld\n".encode())
+    first = slurm_output.read(ended, tmp_path, after=0, limit_bytes=3)  # "h" and half of "é": stops before it
+    assert [c.data for c in first.chunks] == ["h"]
+    assert (first.next_after, first.done) == (1, False)
+    rest = slurm_output.read(ended, tmp_path, after=first.next_after)
+    assert [c.data for c in rest.chunks] == ["éllo\nwörld\n"]
+    assert rest.done
+    assert rest.next_after == len("héllo\nwörld\n".encode())
+    assert slurm_output.read(ended, tmp_path, after=rest.next_after).chunks == []
+    with pytest.raises(NotFound, match="set slurm_output_dir"):
+        slurm_output.read(ended, None)
+    with pytest.raises(NotFound, match="not there"):
+        slurm_output.read(job(external_id="9", state=JobState.RUNNING, started_at=ended.started_at), tmp_path)
+    waiting = slurm_output.read(job(external_id="10", state=JobState.PENDING, started_at=None), tmp_path)
+    assert (waiting.chunks, waiting.done) == ([], False)
