@@ -35,7 +35,7 @@ import psutil
 
 from gpufleet.core import gc_tuning
 from gpufleet.sim.runner import SimOptions, Simulation
-from liveness import BOOTSTRAP_TOKEN, BenchError, percentile, port_free, start_server, stop_server
+from liveness import BOOTSTRAP_TOKEN, BenchError, percentile, port_free, start_server, stop_server, wait_healthy
 
 GOAL_P99_S = 2.0
 
@@ -136,12 +136,7 @@ def main() -> int:
         workdir = Path(tmp)
         server = start_server(workdir, args.port)
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(server.url + "/healthz", timeout=2).status_code == 200:
-                        break
-                time.sleep(0.2)
+            wait_healthy(server)
             result = asyncio.run(run(args, server.url, psutil.Process(server.proc.pid), workdir))
         except BenchError as exc:
             print(f"benchmark failed: {exc}", file=sys.stderr)

@@ -39,6 +39,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
 from gpufleet.client import HeadClient
@@ -177,6 +178,19 @@ def start_server(workdir: Path, port: int, extra_env: dict[str, str] | None = No
         # Own session: a Ctrl-C in the terminal reaches only this script, which then stops the server itself.
         proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     return ServerProcess(proc=proc, log_path=log_path, url=f"http://127.0.0.1:{port}", started_at=time.time())
+
+
+def wait_healthy(server: ServerProcess, timeout_s: float = 60.0) -> None:
+    """Until the server answers /healthz. Raises BenchError if it exits or does not answer in time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise BenchError(f"the server exited: {server.log_path.read_text()[-2000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(server.url + "/healthz", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise BenchError(f"the server did not answer /healthz within {timeout_s:.0f} s")
 
 
 def stop_server(server: ServerProcess) -> None:

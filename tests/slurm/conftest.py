@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,14 +62,15 @@ def _read_env(path: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> SlurmCluster:
-    """A real slurmctld + slurmd + munge on this machine, with a fake 4-GPU GRES."""
+def start_cluster(what: str, lock: Path, env: dict[str, str] | None = None) -> SlurmCluster:
+    """`slurm.sh start` under `lock` (xdist workers share one instance), with `env` added (another state
+    directory, ports, GPUFLEET_SLURM_DBD); skips the test with the reason when Slurm cannot start here."""
     if os.geteuid() != 0:
-        need("Slurm", "the test Slurm runs its daemons as root (SlurmUser=root); run the tests as root")
-    with FileLock(str(SLURM_LOCK)):
+        need(what, "the test Slurm runs its daemons as root (SlurmUser=root); run the tests as root")
+    with FileLock(str(lock)):
         result = subprocess.run(
             ["bash", str(ROOT / "scripts" / "services" / "slurm.sh"), "start"],
+            env={**os.environ, **(env or {})},
             capture_output=True,
             text=True,
             timeout=600,
@@ -76,8 +78,23 @@ def slurm_cluster() -> SlurmCluster:
         )
     if result.returncode != 0:
         lines = (result.stderr or result.stdout).strip().splitlines()
-        need("Slurm", lines[-1] if lines else f"slurm.sh start exited {result.returncode}")
+        need(what, lines[-1] if lines else f"slurm.sh start exited {result.returncode}")
     return SlurmCluster(_read_env(Path(result.stdout.strip().splitlines()[-1])))
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll `check` every 0.1 s; fail the test naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> SlurmCluster:
+    """A real slurmctld + slurmd + munge on this machine, with a fake 4-GPU GRES."""
+    return start_cluster("Slurm", SLURM_LOCK)
 
 
 @pytest.fixture

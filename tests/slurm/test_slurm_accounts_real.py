@@ -9,10 +9,7 @@ here take turns under one lock, and each starts from its own projects whatever t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,8 +35,7 @@ from gpufleet.jobs.slurm.accounts import (
     desired_accounts,
 )
 from gpufleet.jobs.slurm.commands import SlurmCommands
-from tests.conftest import ROOT, need
-from tests.slurm.conftest import SlurmCluster, _read_env
+from tests.slurm.conftest import SlurmCluster, start_cluster, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -60,21 +56,7 @@ ACCOUNTS_LOCK = Path("/tmp") / "gpufleet-test-slurmdbd-accounts.lock"
 @pytest.fixture(scope="session")
 def slurmdbd_cluster() -> SlurmCluster:
     """A real slurmctld + slurmd + slurmdbd + MariaDB + munge, accounting enforced, a fake 4-GPU GRES."""
-    if os.geteuid() != 0:
-        need("Slurm with slurmdbd", "the test Slurm runs its daemons and MariaDB as root; run the tests as root")
-    with FileLock(str(DBD_LOCK)):
-        result = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "services" / "slurm.sh"), "start"],
-            env={**os.environ, **DBD_ENV},
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-    if result.returncode != 0:
-        lines = (result.stderr or result.stdout).strip().splitlines()
-        need("Slurm with slurmdbd", lines[-1] if lines else f"slurm.sh start exited {result.returncode}")
-    return SlurmCluster(_read_env(Path(result.stdout.strip().splitlines()[-1])))
+    return start_cluster("Slurm with slurmdbd", DBD_LOCK, DBD_ENV)
 
 
 @pytest.fixture
@@ -136,14 +118,6 @@ def test_sync_creates_accounts_and_associations_from_projects(
     assert gpu_limit(now, "nlp") is None
     assert members(now, "set") == {"where"}
     assert now.default_accounts["alice"] == "vision"
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.2)
 
 
 def test_a_gpu_quota_is_enforced_by_slurm(
@@ -233,7 +207,11 @@ def test_without_slurmdbd_the_part_says_it_is_off(slurm_cluster: SlurmCluster) -
 
 def app_for(conf: str, sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path) -> TestClient:
     settings = load_settings(
-        client_file=tmp_path / "none.toml", data_dir=tmp_path, workload_manager="slurm", slurm_conf=conf
+        client_file=tmp_path / "none.toml",
+        data_dir=tmp_path,
+        workload_manager="slurm",
+        slurm_conf=conf,
+        slurm_timeout_s=60,  # a loaded test machine: slow is not unreachable here
     )
     app = create_app(settings, sessions, clock, run_loops=False)
     if not any(getattr(r, "path", "") == API_PREFIX + "/slurm/accounts/sync" for r in app.routes):
@@ -260,7 +238,7 @@ def test_the_api_route_plans_syncs_and_audits(
     assert dry.status_code == 200, dry.text
     planned = {(s["action"], s["account"], s["user"]) for s in dry.json()["steps"]}
     assert {("add-account", "apiproj", None), ("add-user", "apiproj", "grace")} <= planned
-    assert {s["status"] for s in dry.json()["steps"]} == {"planned"}
+    assert {s["status"] for s in dry.json()["steps"]} == {"planned"}, dry.json()
     assert members(snapshot(sync), "apiproj") == set()  # the dry run changed nothing
 
     done = client.post("/api/v1/slurm/accounts/sync")

@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import getpass
 import re
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,17 +15,9 @@ from gpufleet.agent.slurm.mapping import SlurmJobMap, parse_job_file
 from gpufleet.core.errors import InvalidInput
 from gpufleet.jobs.slurm.commands import SlurmCommands
 from gpufleet.protocol.metrics import GpuJob
-from tests.slurm.conftest import SlurmCluster
+from tests.slurm.conftest import SlurmCluster, wait_until
 
 pytestmark = pytest.mark.slurm
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def allocated_gpus(commands: SlurmCommands, job: str) -> set[int]:

@@ -5,11 +5,10 @@ Slurm by hand mirrored on the node row."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.core.clock import SystemClock
@@ -26,19 +25,11 @@ from gpufleet.jobs.slurm.sync import SlurmSync, SyncResult
 from gpufleet.protocol.inventory import GpuInfo, NodeInventory
 from gpufleet.protocol.jobs import DEFAULT_PATH
 from tests.jobs.helpers import ADMIN, LIMITS, users
-from tests.slurm.conftest import SlurmCluster
+from tests.slurm.conftest import SlurmCluster, wait_until
 
 pytestmark = pytest.mark.slurm
 SHOW = '"gpus=$CUDA_VISIBLE_DEVICES greeting=$GREETING user=$(id -un) path=$PATH"'
 RUN_AS = "nobody"  # the head runs as root here and submits as the job's user (sbatch --uid)
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -231,3 +222,24 @@ def test_drains_set_and_lifted_in_slurm_by_hand_show_on_the_node(
     assert node().drained_at is None
     # Slurm shows a resumed node "idle*" (not responding) until its next ping of slurmd.
     wait_until("the node to be idle", lambda: sync.once() is not None and node().wlm_state == "idle")
+
+
+def test_a_pass_with_nothing_new_from_slurm_writes_nothing(sync: SlurmSync, engine: Engine) -> None:
+    """On SQLite a write transaction holds the one write lock the health pass needs to drain a node at once:
+    a pass that learns nothing new must not take it."""
+    sync.once()  # the node's Slurm state, and any job Slurm still lists from other tests, written down
+    sync.once()
+    statements: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        result = sync.once()
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert (result.problem, result.updated, result.imported, result.nodes) == (None, 0, 0, 0)
+    writes = [s for s in statements if any(w in s for w in ("IMMEDIATE", "INSERT", "UPDATE", "DELETE"))]
+    assert writes == []
+    assert statements  # it did read

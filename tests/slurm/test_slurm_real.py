@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -17,17 +17,9 @@ from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.jobs.slurm.commands import SlurmCommands
 from gpufleet.jobs.slurm.manager import ForeignDrain, SlurmWorkloadManager
 from gpufleet.jobs.slurm.nodes import SINFO_TEXT, SlurmNode, parse_sinfo_text
-from tests.slurm.conftest import SlurmCluster
+from tests.slurm.conftest import SlurmCluster, wait_until
 
 pytestmark = pytest.mark.slurm
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture

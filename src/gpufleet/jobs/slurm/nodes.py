@@ -133,18 +133,15 @@ def _json_node(raw: Mapping[str, Any]) -> SlurmNode:
     )
 
 
-def parse_sinfo_json(output: str) -> list[SlurmNode]:
-    """Nodes from `sinfo --json`, each once, in Slurm's order.
-
-    Raises Unavailable when Slurm reports errors (slurmctld unreachable exits 0 with an "errors" list) and
-    InvalidInput when the output is not the JSON expected.
-    """
+def json_document(output: str, command: str) -> Mapping[str, Any]:
+    """The JSON object a Slurm `--json` command printed. Raises Unavailable when it reports errors (an
+    unreachable slurmctld still exits 0, with an "errors" list), InvalidInput when it is not JSON."""
     try:
         document = json.loads(output)
     except ValueError as exc:
-        raise InvalidInput(f"Slurm: sinfo --json did not print JSON: {exc}") from None
+        raise InvalidInput(f"Slurm: {command} did not print JSON: {exc}") from None
     if not isinstance(document, Mapping):
-        raise InvalidInput("Slurm: sinfo --json printed JSON that is not an object")
+        raise InvalidInput(f"Slurm: {command} printed JSON that is not an object")
     errors = [e for e in document.get("errors") or [] if e]
     if errors:
         described = "; ".join(
@@ -153,7 +150,17 @@ def parse_sinfo_json(output: str) -> list[SlurmNode]:
             else str(e)
             for e in errors
         )
-        raise Unavailable(f"Slurm: sinfo --json reported: {described}")
+        raise Unavailable(f"Slurm: {command} reported: {described}")
+    return document
+
+
+def parse_sinfo_json(output: str) -> list[SlurmNode]:
+    """Nodes from `sinfo --json`, each once, in Slurm's order.
+
+    Raises Unavailable when Slurm reports errors (slurmctld unreachable exits 0 with an "errors" list) and
+    InvalidInput when the output is not the JSON expected.
+    """
+    document = json_document(output, "sinfo --json")
     raw_nodes = document.get("nodes")
     if not isinstance(raw_nodes, list):
         raise InvalidInput("Slurm: sinfo --json has no node list")

@@ -17,7 +17,6 @@ gpufleet job is found in Slurm again (after a lost answer from sbatch, or a rest
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,8 +25,9 @@ from typing import Any
 
 import hostlist
 
-from gpufleet.core.errors import InvalidInput, Unavailable
+from gpufleet.core.errors import InvalidInput
 from gpufleet.jobs.models import JobState
+from gpufleet.jobs.slurm.nodes import json_document
 
 SQUEUE_JSON = ("squeue", "--json", "--states=all")
 GPUFLEET_COMMENT = "gpufleet:"
@@ -221,18 +221,7 @@ def parse_squeue_json(output: str, *, now: float | None = None) -> list[SlurmJob
     Raises Unavailable when Slurm reports errors (an unreachable slurmctld exits 0 with an "errors" list),
     InvalidInput when the output is not the JSON expected.
     """
-    try:
-        document = json.loads(output)
-    except ValueError as exc:
-        raise InvalidInput(f"Slurm: squeue --json did not print JSON: {exc}") from None
-    if not isinstance(document, Mapping):
-        raise InvalidInput("Slurm: squeue --json printed JSON that is not an object")
-    errors = [e for e in document.get("errors") or [] if e]
-    if errors:
-        described = "; ".join(
-            str(e.get("error") or e.get("description") or e) if isinstance(e, Mapping) else str(e) for e in errors
-        )
-        raise Unavailable(f"Slurm: squeue --json reported: {described}")
+    document = json_document(output, "squeue --json")
     raw_jobs = document.get("jobs")
     if not isinstance(raw_jobs, list):
         raise InvalidInput("Slurm: squeue --json has no job list")

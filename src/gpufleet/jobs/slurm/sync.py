@@ -30,8 +30,9 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any, ClassVar
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.auth.projects import Project
@@ -80,6 +81,41 @@ class _Pending:
     refusal: str | None
 
 
+@dataclass(frozen=True)
+class _Row:
+    """A Slurm job's row as the read phase saw it."""
+
+    id: int
+    external_id: str | None  # never None here: read by Slurm id
+    state: JobState
+    reason: str
+    submitted_by: str
+    submitted_at: datetime
+    started_at: datetime | None
+    allocation: dict[str, list[int]] | None
+
+
+@dataclass(frozen=True)
+class _NodeRow:
+    COLUMNS: ClassVar = (Node.id, Node.name, Node.wlm_state, Node.drained_at, Node.drain_reason, Node.drained_by)
+
+    id: int
+    name: str
+    wlm_state: str | None
+    drained_at: datetime | None
+    drain_reason: str | None
+    drained_by: str | None
+
+
+@dataclass(frozen=True)
+class _Seen:
+    rows: dict[str, list[_Row]]  # by Slurm id, for the jobs Slurm lists
+    vanished: list[str]  # Slurm ids of active rows Slurm no longer lists
+    cancelled_active: list[str]  # Slurm ids cancelled in gpufleet that Slurm still runs or queues
+    nodes: list[_NodeRow]
+    projects: set[str]
+
+
 @dataclass
 class SlurmSync:
     sessions: sessionmaker[Session]
@@ -89,7 +125,12 @@ class SlurmSync:
     user: str = field(default_factory=head_user)
 
     def once(self) -> SyncResult:
-        """One pass. Raises nothing for Slurm being unreachable (`problem` says it); database errors propagate."""
+        """One pass. Raises nothing for Slurm being unreachable (`problem` says it); database errors propagate.
+
+        It reads the database in read-only transactions and writes (one short transaction, with only the
+        rows that change) only when Slurm said something new: on SQLite a write transaction holds the one
+        write lock, which the health pass needs to drain a node at once.
+        """
         result = SyncResult()
         pending = self._unsubmitted()
         changes = self.manager.changes
@@ -105,20 +146,63 @@ class SlurmSync:
             self._submit(job, listed.get(job.job_id), result)
             if result.problem:
                 break
-        gone = self._gone(queue)
-        with transaction(self.sessions) as session:
-            self._record_submissions(session, result)
-            self._update_jobs(session, queue, result)
-            self._end_vanished(session, gone)
-            result.nodes = self._mirror_nodes(session, nodes, same_drains=self.manager.changes == changes)
-            to_cancel = self._cancelled_but_active(session, queue)
-        for slurm_id in to_cancel:
+        seen = self._read(queue)
+        updates, imports = _plan_jobs(queue, seen, result)
+        gone = {slurm_id: self._accounted_end(slurm_id) for slurm_id in seen.vanished}
+        node_updates = _mirror(seen.nodes, nodes, self.clock.now())
+        if result.submitted or result.refused or updates or imports or gone or node_updates:
+            with transaction(self.sessions) as session:
+                self._record_submissions(session, result)
+                result.updated = self._update_jobs(session, updates)
+                for slurm in imports:
+                    session.add(_imported(slurm, seen.projects, self.clock.now()))
+                result.imported = len(imports)
+                self._end_vanished(session, gone)
+                result.nodes = self._write_nodes(session, node_updates, same_drains=self.manager.changes == changes)
+        for slurm_id in seen.cancelled_active:
             try:
                 self.manager.commands.run(["scancel", slurm_id])
                 result.cancelled.append(slurm_id)
             except GpufleetError as exc:
                 log.warning("cannot cancel Slurm job %s (next pass retries): %s", slurm_id, exc)
         return result
+
+    def _read(self, queue: list[SlurmJob]) -> _Seen:
+        """What the pass compares Slurm's word with, in one read-only transaction."""
+        listed = {j.job_id for j in queue}
+        with transaction(self.sessions, readonly=True) as session:
+            rows = [
+                _Row(*row)
+                for row in session.execute(
+                    select(
+                        Job.id,
+                        Job.external_id,
+                        Job.state,
+                        Job.reason,
+                        Job.submitted_by,
+                        Job.submitted_at,
+                        Job.started_at,
+                        Job.allocation,
+                    ).where(Job.backend == BACKEND, Job.external_id.in_(list(listed)))
+                )
+            ]
+            active = session.scalars(
+                select(Job.external_id).where(
+                    Job.backend == BACKEND, Job.external_id.is_not(None), Job.state.not_in(FINAL_STATES)
+                )
+            ).all()
+            node_rows = [_NodeRow(*row) for row in session.execute(select(*_NodeRow.COLUMNS))]
+            projects = set(session.scalars(select(Project.name)))
+        by_id: dict[str, list[_Row]] = {}
+        for row in rows:
+            by_id.setdefault(row.external_id or "", []).append(row)
+        cancelled_active = []
+        for slurm in queue:
+            mine = _match(by_id.get(slurm.job_id, []), slurm)
+            if mine is not None and mine.state == JobState.CANCELLED and slurm.state not in FINAL_STATES:
+                cancelled_active.append(slurm.job_id)
+        vanished = sorted(slurm_id for slurm_id in active if slurm_id is not None and slurm_id not in listed)
+        return _Seen(by_id, vanished, cancelled_active, node_rows, projects)
 
     # -- submit -------------------------------------------------------------------------------------
     def _unsubmitted(self) -> list[_Pending]:
@@ -195,22 +279,6 @@ class SlurmSync:
                 lifecycle.finish(session, self.clock, job, JobState.FAILED, why)
 
     # -- jobs ---------------------------------------------------------------------------------------
-    def _gone(self, queue: list[SlurmJob]) -> dict[str, _End]:
-        """Active rows Slurm no longer lists, with their end from sacct where accounting answers."""
-        listed = {j.job_id for j in queue}
-        with transaction(self.sessions, readonly=True) as session:
-            active = session.scalars(
-                select(Job.external_id).where(
-                    Job.backend == BACKEND, Job.external_id.is_not(None), Job.state.not_in(FINAL_STATES)
-                )
-            ).all()
-        gone: dict[str, _End] = {}
-        for slurm_id in active:
-            if slurm_id is None or slurm_id in listed:
-                continue
-            gone[slurm_id] = self._accounted_end(slurm_id)
-        return gone
-
     def _accounted_end(self, slurm_id: str) -> _End:
         try:
             out = self.manager.commands.run(
@@ -232,26 +300,17 @@ class SlurmSync:
         state, word, code, ended = found
         return state, f"Slurm: {word} (from sacct)", code, ended
 
-    def _update_jobs(self, session: Session, queue: list[SlurmJob], result: SyncResult) -> None:
-        if not queue:
-            return
-        rows: dict[str, list[Job]] = {}
-        for job in session.scalars(
-            select(Job).where(Job.backend == BACKEND, Job.external_id.in_([j.job_id for j in queue]))
-        ):
-            rows.setdefault(job.external_id or "", []).append(job)
-        projects = set(session.scalars(select(Project.name)))
-        for slurm in queue:
-            row = _match(rows.get(slurm.job_id, []), slurm)
-            if row is None:
-                if slurm.gpufleet_id is not None and slurm.gpufleet_id in result.submitted:
-                    continue  # recorded above, in this transaction; read again next pass
-                session.add(_imported(slurm, projects, self.clock.now()))
-                result.imported += 1
-            elif row.state not in FINAL_STATES:
+    def _update_jobs(self, session: Session, updates: list[tuple[int, SlurmJob]]) -> int:
+        """Apply Slurm's word to the rows the plan picked, re-read under lock: one cancelled meanwhile stays so."""
+        jobs = lifecycle.lock_jobs(session, [job_id for job_id, _ in updates])
+        applied = 0
+        for job_id, slurm in updates:
+            row = jobs.get(job_id)
+            if row is not None and row.state not in FINAL_STATES:
                 _apply(session, self.clock, row, slurm)
-                result.updated += 1
+                applied += 1
         session.flush()
+        return applied
 
     def _end_vanished(self, session: Session, gone: dict[str, _End]) -> None:
         if not gone:
@@ -264,46 +323,15 @@ class SlurmSync:
             if ended is not None:
                 job.ended_at = ended
 
-    def _cancelled_but_active(self, session: Session, queue: list[SlurmJob]) -> list[str]:
-        active = {j.job_id for j in queue if j.state not in FINAL_STATES}
-        if not active:
-            return []
-        return [
-            slurm_id
-            for slurm_id in session.scalars(
-                select(Job.external_id).where(
-                    Job.backend == BACKEND, Job.external_id.in_(active), Job.state == JobState.CANCELLED
-                )
-            )
-            if slurm_id is not None
-        ]
-
-    # -- nodes --------------------------------------------------------------------------------------
-    def _mirror_nodes(self, session: Session, nodes: list[SlurmNode], *, same_drains: bool) -> int:
-        by_name = {n.name: n for n in nodes}
-        now = self.clock.now()
-        mirrored = 0
-        for row in session.scalars(select(Node)):
-            slurm = by_name.get(row.name)
-            state = slurm.display_state[:32] if slurm else None
-            if row.wlm_state != state:
-                row.wlm_state = state
-            if slurm is None or not same_drains:
-                continue  # not a Slurm node; or a drain changed through gpufleet while Slurm was read
-            mirrored += 1
-            held = slurm.drain or (slurm.state == "down" and slurm.reason is not None)
-            if held and slurm.reason and row.drain_reason != slurm.reason:
-                row.drained_at = to_datetime(slurm.reason_at.timestamp() if slurm.reason_at else now)
-                row.drain_reason = slurm.reason[:512]
-                row.drained_by = (
-                    "gpufleet" if slurm.own_drain else f"{FOREIGN_ACTOR_PREFIX}{slurm.reason_user or 'unknown'}"
-                )[:128]
-            elif not held and row.drained_at is not None:
-                row.drained_at = None  # lifted in Slurm (scontrol ... state=resume): Slurm is the truth
-                row.drain_reason = None
-                row.drained_by = None
-        session.flush()
-        return mirrored
+    def _write_nodes(self, session: Session, updates: list[dict[str, Any]], *, same_drains: bool) -> int:
+        """Each changed node row by its primary key. A drain or resume made through gpufleet while Slurm was
+        being read wins: the drain columns are then left for the next pass."""
+        if not same_drains:
+            updates = [{k: v for k, v in u.items() if k in ("id", "wlm_state")} for u in updates]
+            updates = [u for u in updates if len(u) > 1]
+        if updates:
+            session.execute(update(Node), updates)
+        return len(updates)
 
 
 def _not_before(slurm_time: datetime | None, row_time: datetime) -> bool:
@@ -313,7 +341,7 @@ def _not_before(slurm_time: datetime | None, row_time: datetime) -> bool:
     return slurm_time is not None and slurm_time.timestamp() >= row_time.timestamp() - 1.0
 
 
-def _match(rows: list[Job], slurm: SlurmJob) -> Job | None:
+def _match(rows: list[_Row], slurm: SlurmJob) -> _Row | None:
     """The row for this Slurm job. Job ids restart after a clean slurmctld start, so an id alone is not
     enough: a gpufleet job's row is the one the comment names, a direct one's the one submitted then."""
     for row in rows:
@@ -324,6 +352,65 @@ def _match(rows: list[Job], slurm: SlurmJob) -> Job | None:
         ):
             return row
     return None
+
+
+def _plan_jobs(
+    queue: list[SlurmJob], seen: _Seen, result: SyncResult
+) -> tuple[list[tuple[int, SlurmJob]], list[SlurmJob]]:
+    """(row id, Slurm's job) for the rows Slurm's word changes, and the jobs to list anew (submitted to
+    Slurm directly). Rows already ended are not changed; nor are the jobs this pass just submitted, whose
+    rows learn their Slurm id in this pass's write."""
+    updates: list[tuple[int, SlurmJob]] = []
+    imports: list[SlurmJob] = []
+    for slurm in queue:
+        row = _match(seen.rows.get(slurm.job_id, []), slurm)
+        if row is None:
+            if slurm.gpufleet_id is None or slurm.gpufleet_id not in result.submitted:
+                imports.append(slurm)
+        elif row.state not in FINAL_STATES and _differs(row, slurm):
+            updates.append((row.id, slurm))
+    return updates, imports
+
+
+def _differs(row: _Row, slurm: SlurmJob) -> bool:
+    if slurm.state in FINAL_STATES or (row.state, row.reason) != (slurm.state, _reason(slurm)[:512]):
+        return True
+    if slurm.started_at is not None and row.started_at != slurm.started_at:
+        return True
+    return _allocation(row.allocation, slurm) != row.allocation
+
+
+def _allocation(current: dict[str, list[int]] | None, slurm: SlurmJob) -> dict[str, list[int]] | None:
+    """Slurm lists a job's GPU indexes only while it runs: an ended job keeps those seen then."""
+    if slurm.state != JobState.PENDING and slurm.nodes and (slurm.gpus or current is None):
+        return {node: slurm.gpus.get(node, []) for node in slurm.nodes}
+    return current
+
+
+def _mirror(rows: list[_NodeRow], nodes: list[SlurmNode], now: float) -> list[dict[str, Any]]:
+    """The node rows' changes that make them say what Slurm says: its word for each node (None for a
+    node Slurm does not have) and its drains, Slurm being the truth."""
+    by_name = {n.name: n for n in nodes}
+    updates: list[dict[str, Any]] = []
+    for row in rows:
+        slurm = by_name.get(row.name)
+        change: dict[str, Any] = {}
+        state = slurm.display_state[:32] if slurm else None
+        if row.wlm_state != state:
+            change["wlm_state"] = state
+        if slurm is not None:
+            held = slurm.drain or (slurm.state == "down" and slurm.reason is not None)
+            if held and slurm.reason and row.drain_reason != slurm.reason[:512]:
+                change["drained_at"] = to_datetime(slurm.reason_at.timestamp() if slurm.reason_at else now)
+                change["drain_reason"] = slurm.reason[:512]
+                change["drained_by"] = (
+                    "gpufleet" if slurm.own_drain else f"{FOREIGN_ACTOR_PREFIX}{slurm.reason_user or 'unknown'}"
+                )[:128]
+            elif not held and row.drained_at is not None:
+                change.update(drained_at=None, drain_reason=None, drained_by=None)
+        if change:
+            updates.append({"id": row.id, **change})
+    return updates
 
 
 def _reason(slurm: SlurmJob) -> str:
@@ -341,9 +428,7 @@ def _apply(session: Session, clock: Clock, row: Job, slurm: SlurmJob) -> None:
         row.partition = slurm.partition[:64]
     if slurm.started_at is not None:
         row.started_at = slurm.started_at
-    if slurm.state != JobState.PENDING and slurm.nodes and (slurm.gpus or row.allocation is None):
-        # Slurm lists a job's GPU indexes only while it runs: an ended job keeps those seen then.
-        row.allocation = {node: slurm.gpus.get(node, []) for node in slurm.nodes}
+    row.allocation = _allocation(row.allocation, slurm)
     if slurm.state in FINAL_STATES:
         lifecycle.finish(session, clock, row, slurm.state, _reason(slurm), slurm.exit_code)
         if slurm.ended_at is not None:
