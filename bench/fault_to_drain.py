@@ -33,48 +33,27 @@ from typing import Any
 import httpx
 import psutil
 
-from gpufleet.core import gc_tuning
-from gpufleet.sim.runner import SimOptions, Simulation
-from liveness import BOOTSTRAP_TOKEN, BenchError, percentile, port_free, start_server, stop_server, wait_healthy
+from liveness import (
+    BOOTSTRAP_TOKEN,
+    BenchError,
+    healthy_fleet,
+    percentile,
+    port_free,
+    start_server,
+    stop_server,
+    wait_healthy,
+)
 
 GOAL_P99_S = 2.0
-
-
-async def wait_until(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.5)
-    raise BenchError(f"{what} within {timeout_s:.0f} s")
 
 
 async def run(args: argparse.Namespace, url: str, head: psutil.Process, workdir: Path) -> dict[str, Any]:
     auth = {"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
     async with httpx.AsyncClient(base_url=url, headers=auth, timeout=30) as http:
-        join = (await http.post("/api/v1/tokens/join", json={"expires_in_s": 3600, "uses": args.nodes})).json()
-        sim = Simulation(
-            SimOptions(
-                server=url,
-                join_token=join["token"],
-                nodes=args.nodes,
-                gpus_per_node=8,
-                state_dir=workdir / "sim",
-                metrics_interval_s=args.metrics_interval,
-            )
-        )
-        sim.build()
-        gc_tuning.tune_for_long_running()
-        sim_task = asyncio.create_task(sim.run())
-
-        async def all_judged() -> bool:
-            rows = (await http.get("/api/v1/health")).json()
-            return len(rows) == args.nodes and all(r["health"] == "healthy" for r in rows)
-
+        started = time.monotonic()
+        sim_task = await healthy_fleet(http, url, args.nodes, workdir / "sim", args.metrics_interval)
+        ready_s = time.monotonic() - started
         try:
-            started = time.monotonic()
-            await wait_until(all_judged, 300, f"{args.nodes} nodes were not all up and healthy")
-            ready_s = time.monotonic() - started
             nodes = sorted(r["node"] for r in (await http.get("/api/v1/health")).json())
             victims = random.Random(11).sample(nodes, min(args.faults, len(nodes)))
             latencies: list[float] = []

@@ -193,6 +193,50 @@ def wait_healthy(server: ServerProcess, timeout_s: float = 60.0) -> None:
     raise BenchError(f"the server did not answer /healthz within {timeout_s:.0f} s")
 
 
+async def until(predicate: Any, timeout_s: float, what: str, every_s: float = 0.5) -> None:
+    """Await `predicate()` every `every_s` until true. Raises BenchError("{what} within N s") on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(every_s)
+    raise BenchError(f"{what} within {timeout_s:.0f} s")
+
+
+async def healthy_fleet(
+    http: httpx.AsyncClient, url: str, nodes: int, state_dir: Path, metrics_interval_s: float
+) -> asyncio.Task[None]:
+    """`nodes` simulated 8-GPU nodes joined to the head at `url` (`http` holds the admin token), running
+    as a task of this process, once every one has a `healthy` verdict. The caller cancels the task."""
+    join = (await http.post("/api/v1/tokens/join", json={"expires_in_s": 3600, "uses": nodes})).json()
+    sim = Simulation(
+        SimOptions(
+            server=url,
+            join_token=join["token"],
+            nodes=nodes,
+            gpus_per_node=8,
+            state_dir=state_dir,
+            metrics_interval_s=metrics_interval_s,
+        )
+    )
+    sim.build()
+    gc_tuning.tune_for_long_running()
+    task = asyncio.create_task(sim.run())
+
+    async def all_judged() -> bool:
+        rows = (await http.get("/api/v1/health")).json()
+        return len(rows) == nodes and all(r["health"] == "healthy" for r in rows)
+
+    try:
+        await until(all_judged, 300, f"{nodes} nodes were not all up and healthy")
+    except BaseException:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise
+    return task
+
+
 def stop_server(server: ServerProcess) -> None:
     if server.proc.poll() is not None:
         return

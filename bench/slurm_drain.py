@@ -44,8 +44,18 @@ import httpx
 import psutil
 
 from gpufleet.jobs.slurm.commands import SlurmCommands
-from gpufleet.sim.runner import SimOptions, Simulation, node_names
-from liveness import BOOTSTRAP_TOKEN, BenchError, percentile, port_free, start_server, stop_server, wait_healthy
+from gpufleet.sim.runner import node_names
+from liveness import (
+    BOOTSTRAP_TOKEN,
+    BenchError,
+    healthy_fleet,
+    percentile,
+    port_free,
+    start_server,
+    stop_server,
+    until,
+    wait_healthy,
+)
 
 GOAL_P99_S = 2.0
 # The test Slurm's state directory (scripts/services/slurm.sh), root-owned under /tmp by design.
@@ -69,36 +79,11 @@ def state(commands: SlurmCommands, node: str) -> str:
     return commands.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"]).strip()
 
 
-async def until(predicate: Any, timeout_s: float, what: str, every_s: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(every_s)
-    raise BenchError(f"{what} within {timeout_s:.0f} s")
-
-
 async def run(args: argparse.Namespace, url: str, head: psutil.Process, workdir: Path, node: str) -> dict[str, Any]:
     commands = SlurmCommands(slurm_env()["SLURM_CONF"], timeout_s=10)
     auth = {"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
     async with httpx.AsyncClient(base_url=url, headers=auth, timeout=30) as http:
-        join = (await http.post("/api/v1/tokens/join", json={"expires_in_s": 3600, "uses": args.nodes})).json()
-        sim = Simulation(
-            SimOptions(
-                server=url,
-                join_token=join["token"],
-                nodes=args.nodes,
-                gpus_per_node=8,
-                state_dir=workdir / "sim",
-                metrics_interval_s=args.metrics_interval,
-            )
-        )
-        sim.build()
-        sim_task = asyncio.create_task(sim.run())
-
-        async def all_judged() -> bool:
-            rows = (await http.get("/api/v1/health")).json()
-            return len(rows) == args.nodes and all(r["health"] == "healthy" for r in rows)
+        sim_task = await healthy_fleet(http, url, args.nodes, workdir / "sim", args.metrics_interval)
 
         async def health() -> dict[str, Any]:
             row: dict[str, Any] = (await http.get(f"/api/v1/nodes/{node}/health")).json()
@@ -110,8 +95,7 @@ async def run(args: argparse.Namespace, url: str, head: psutil.Process, workdir:
             return await asyncio.to_thread(state, commands, node) in ("idle|none", "idle*|none")
 
         try:
-            await until(all_judged, 300, f"{args.nodes} nodes were not all up and healthy")
-            await until(resumed, 30, f"{node} was not idle and undrained in Slurm")
+            await until(resumed, 30, f"{node} was not idle and undrained in Slurm", every_s=0.1)
             rng = random.Random(7)
             latencies: list[float] = []
             for _ in range(args.faults):
