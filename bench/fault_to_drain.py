@@ -117,8 +117,13 @@ def main() -> int:
         try:
             wait_healthy(server)
             result = asyncio.run(run(args, server.url, psutil.Process(server.proc.pid), workdir))
-        except BenchError as exc:
-            print(f"benchmark failed: {exc}", file=sys.stderr)
+        except (BenchError, httpx.HTTPError) as exc:
+            died = server.proc.poll()
+            print(
+                f"benchmark failed: {exc!r}" + (f" (the server exited with {died})" if died is not None else ""),
+                file=sys.stderr,
+            )
+            print(server.log_tail(), file=sys.stderr)
             return 2
         finally:
             stop_server(server)

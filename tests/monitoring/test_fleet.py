@@ -1,5 +1,6 @@
 """Fleet-wide metrics on SQLite and PostgreSQL: newest sample per node, fleet roll-ups, fleet charts."""
 
+import asyncio
 import json
 
 import pytest
@@ -13,9 +14,10 @@ from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.jobs.builtin import BuiltinWorkloadManager
 from gpufleet.monitoring import fleet, store
 from gpufleet.monitoring.health import HealthJudge
-from gpufleet.monitoring.models import FleetRollup
+from gpufleet.monitoring.models import FleetRollup, MetricRollup
 from gpufleet.monitoring.tracker import HealthTracker
 from gpufleet.protocol.metrics import EntityValues, Sample
+from gpufleet.workers import rollup_process
 from gpufleet.workers.monitoring_loops import MonitoringLoops
 
 T0 = 1_800_000_000.0  # a minute boundary
@@ -124,6 +126,39 @@ def test_the_leaders_rollup_pass_writes_fleet_rollups(sessions: sessionmaker[Ses
     assert loops.rollup_once() == 0
     assert _fleet_rows(sessions)[T0 + 60]["power_w"] == [1650.0, 2.0]
     assert len(_fleet_rows(sessions)) == 2
+
+
+def test_the_loop_aggregates_in_its_own_process_what_rollup_once_would(
+    sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
+    """The loop's roll-up aggregates in a spawned worker process (off the head's GIL) and writes the
+    same rows as the in-process pass."""
+    _two_nodes_two_minutes(sessions, clock)
+    clock.advance(T0 + 130 - clock.now())
+    judge = HealthJudge(tracker=HealthTracker(), workload=BuiltinWorkloadManager(clock), resume_after_rounds=3)
+    loops = MonitoringLoops(sessions=sessions, clock=clock, judge=judge, is_leader=lambda: True, rollup_every_s=0.2)
+    url = sessions.kw["bind"].url.render_as_string(hide_password=False)
+    with transaction(sessions, readonly=True) as s:
+        expected = store.rollup_rows(s, clock.now())
+    assert rollup_process.aggregate(url, clock.now()) == (expected, store.fleet_rollup_rows(expected))
+
+    async def run_until_rolled_up() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(loops.run(stop))
+        try:
+            for _ in range(300):  # the worker's spawn takes a second or two on a busy machine
+                if len(_fleet_rows(sessions)) == 2:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            stop.set()
+            await task
+
+    asyncio.run(run_until_rolled_up())
+    assert _fleet_rows(sessions)[T0 + 60]["power_w"] == [1650.0, 2.0]
+    with transaction(sessions, readonly=True) as s:
+        assert s.scalar(select(func.count()).select_from(MetricRollup)) == 3
+        assert store.rollup_window(s, clock.now()) is None  # nothing left to roll up
 
 
 def test_fleet_series_mean_util_and_total_power(sessions: sessionmaker[Session], clock: FakeClock) -> None:

@@ -64,6 +64,21 @@ def write_rows(session: Session, rows: list[dict[str, Any]]) -> None:
         session.execute(insert(MetricSample), rows)
 
 
+def rollup_window(session: Session, until: float, bucket_s: float = ROLLUP_BUCKET_S) -> tuple[float, float] | None:
+    """[start, end) of the complete buckets before `until` not rolled up yet; None when there are none.
+    Two indexed look-ups: cheap enough to ask before starting any aggregation."""
+    newest = session.scalar(select(func.max(MetricRollup.bucket)))
+    if newest is not None:
+        start = newest + bucket_s
+    else:
+        oldest = session.scalar(select(func.min(MetricSample.ts)))
+        if oldest is None:
+            return None
+        start = math.floor(oldest / bucket_s) * bucket_s
+    end = math.floor(until / bucket_s) * bucket_s
+    return (start, end) if end > start else None
+
+
 def rollup_rows(session: Session, until: float, bucket_s: float = ROLLUP_BUCKET_S) -> list[dict[str, Any]]:
     """Roll-up rows for every complete bucket before `until` not rolled up yet (write them with
     `write_rollups`). Only reads, so the caller can aggregate outside the write lock.
@@ -71,17 +86,10 @@ def rollup_rows(session: Session, until: float, bucket_s: float = ROLLUP_BUCKET_
     Idempotent: it starts after the newest bucket already written, so a leader that changes halfway
     repeats nothing.
     """
-    newest = session.scalar(select(func.max(MetricRollup.bucket)))
-    if newest is not None:
-        start = newest + bucket_s
-    else:
-        oldest = session.scalar(select(func.min(MetricSample.ts)))
-        if oldest is None:
-            return []
-        start = math.floor(oldest / bucket_s) * bucket_s
-    end = math.floor(until / bucket_s) * bucket_s
-    if end <= start:
+    window = rollup_window(session, until, bucket_s)
+    if window is None:
         return []
+    start, end = window
     acc: dict[tuple[int, float], dict[str, dict[str, list[float]]]] = defaultdict(dict)
     query = select(MetricSample.node_id, MetricSample.ts, MetricSample.values).where(
         MetricSample.ts >= start, MetricSample.ts < end

@@ -7,7 +7,7 @@ can never delay a heartbeat flush:
 - every `metrics_flush_s`, buffered samples are written in one batch;
 - every `health_pass_s`, nodes with news are judged (an Xid is judged within this, not at the next
   sample); every few seconds all of this replica's nodes are, so stale metrics are noticed too;
-- the leader rolls samples up and prunes old ones every minute.
+- the leader rolls samples up and prunes old ones every minute, aggregating in a process of its own.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -35,6 +36,7 @@ from gpufleet.monitoring.models import Alert
 from gpufleet.monitoring.thresholds import Transition
 from gpufleet.monitoring.tracker import HealthTracker
 from gpufleet.protocol.metrics import NodeEvent, Sample
+from gpufleet.workers import rollup_process
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -181,13 +183,20 @@ class MonitoringLoops:
         return [alert] if alert is not None else []
 
     def rollup_once(self) -> int:
+        """One roll-up pass in this process (tests, small data; the loop aggregates in `rollup_process`)."""
         if not self.is_leader():
             return 0
         now = self.clock.now()
-        # Aggregating a minute of a thousand nodes takes seconds: do it reading, then write briefly.
         with transaction(self.sessions, readonly=True) as session:
             rows = store.rollup_rows(session, now)
-        fleet = store.fleet_rollup_rows(rows)  # decoding a thousand rows: outside the write lock too
+        return self.write_rollups(rows, store.fleet_rollup_rows(rows), now)
+
+    def rollup_due(self, now: float) -> bool:
+        with transaction(self.sessions, readonly=True) as session:
+            return store.rollup_window(session, now) is not None
+
+    def write_rollups(self, rows: list[dict[str, Any]], fleet: list[dict[str, Any]], now: float) -> int:
+        """Write what the aggregation read (outside any lock), and prune: one short write."""
         with transaction(self.sessions) as session:
             store.write_rollups(session, rows)
             store.write_fleet_rollups(session, fleet)
@@ -197,8 +206,11 @@ class MonitoringLoops:
     # -- the loops ----------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="monitoring")
-        # Roll-ups take seconds; on their own thread they never hold up a health pass or a flush.
+        # Roll-ups take seconds: their reads and writes on a thread of their own never hold up a health
+        # pass or a flush, and their aggregation runs in a process of its own (see rollup_process).
         slow = ThreadPoolExecutor(max_workers=1, thread_name_prefix="monitoring-rollup")
+        url = self.sessions.kw["bind"].url.render_as_string(hide_password=False)
+        processes: ProcessPoolExecutor | None = None
 
         async def in_thread(call: Callable[[], T]) -> T:
             return await asyncio.get_running_loop().run_in_executor(executor, call)
@@ -212,7 +224,20 @@ class MonitoringLoops:
             await in_thread(lambda: self.health_once(full))
 
         async def rollup_step() -> None:
-            await asyncio.get_running_loop().run_in_executor(slow, self.rollup_once)
+            nonlocal processes
+            loop = asyncio.get_running_loop()
+            now = self.clock.now()
+            if not self.is_leader() or not await loop.run_in_executor(slow, self.rollup_due, now):
+                return
+            if processes is None:
+                processes = rollup_process.start_pool()
+            try:
+                rows, fleet = await loop.run_in_executor(processes, rollup_process.aggregate, url, now)
+            except BrokenProcessPool:  # the worker died (killed, out of memory): a new one next pass
+                processes.shutdown(wait=False)
+                processes = None
+                raise
+            await loop.run_in_executor(slow, self.write_rollups, rows, fleet, now)
 
         try:
             await asyncio.gather(
@@ -227,3 +252,5 @@ class MonitoringLoops:
                 log.exception("final metrics flush failed")
             executor.shutdown(wait=False)
             slow.shutdown(wait=False)
+            if processes is not None:
+                processes.shutdown(wait=False, cancel_futures=True)
