@@ -112,6 +112,9 @@ def test_health_policies_per_category(client: TestClient) -> None:
     assert saved.json()["policy"]["gpu_temp_c"] == 80
     assert saved.json()["policy"]["disabled"] == ["pcie"]
     assert client.put("/api/v1/health-policies/hgx", json={"gpu_temp_c": "hot"}).status_code == 422
+    assert client.put("/api/v1/health-policies/hgx", json={"xid_actions": {"31": "boom"}}).status_code == 422
+    strict = client.put("/api/v1/health-policies/hgx", json=policy | {"xid_actions": {"31": "drain"}})
+    assert strict.json()["policy"]["xid_actions"] == {"31": "drain"}
     assert client.put("/api/v1/health-policies/bad%20name", json=policy).status_code == 422
     assert [p["category"] for p in client.get("/api/v1/health-policies").json()] == ["hgx"]
     assert client.delete("/api/v1/health-policies/hgx").status_code == 204

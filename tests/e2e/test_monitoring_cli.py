@@ -72,10 +72,17 @@ def test_metrics_rules_policies_drains_and_receivers(tmp_path: Path) -> None:
         assert run_cli(tmp_path, "alert", "rule", "remove", "GpuTemperatureHigh", server=head.url).returncode == 4
 
         saved = run_cli(
-            tmp_path, "health-policy", "set", "default", "--disable", "pcie", "--set", "gpu_temp_c=88", server=head.url
+            tmp_path,
+            *("health-policy", "set", "default", "--disable", "pcie", "--set", "gpu_temp_c=88"),
+            *("--xid-action", "13=ignore"),
+            server=head.url,
         )
         assert saved.returncode == 0, saved.stderr
-        assert cli_json(tmp_path, head.url, "health-policy", "list")[0]["policy"]["gpu_temp_c"] == 88
+        policy = cli_json(tmp_path, head.url, "health-policy", "list")[0]["policy"]
+        assert (policy["gpu_temp_c"], policy["xid_actions"]) == (88, {"13": "ignore"})
+        refused = run_cli(tmp_path, "health-policy", "set", "default", "--xid-action", "13=later", server=head.url)
+        assert refused.returncode == 2
+        assert "Xid 13: 'later' is not one of" in refused.stderr
 
         assert (
             run_cli(tmp_path, "node", "drain", "sim001", "--reason", "firmware update", server=head.url).returncode == 0

@@ -67,6 +67,7 @@ class AgentOptions:
     accounts_interval_s: float = 60.0
     metrics: SampleSource | None = None  # sampled every metrics_interval_s, in a worker thread; None: no metrics
     events: EventSource | None = None  # Xid events, sent the moment they are read
+    logs: EventSource | None = None  # the kernel and driver logs' events (agent.logs.LogWatcher)
     faults: FaultTarget | None = None  # simulated nodes only: where `gpufleet sim fault` lands
     metrics_interval_s: float = 5.0
     metrics_backlog: int = 60  # samples kept while the head is unreachable; the oldest go first
@@ -162,8 +163,9 @@ class Agent:
         background = []
         if self.options.metrics is not None:
             background.append(asyncio.create_task(self._collect_metrics(self.options.metrics)))
-        if self.options.events is not None:
-            background.append(asyncio.create_task(self._watch_events(self.options.events)))
+        for source in (self.options.events, self.options.logs):
+            if source is not None:
+                background.append(asyncio.create_task(self._watch_events(source)))
         if self.options.checks is not None:
             background.append(asyncio.create_task(self._run_checks(self.options.checks)))
         try:
@@ -355,8 +357,8 @@ class Agent:
             await asyncio.sleep(next_at - loop.time())
 
     async def _watch_events(self, source: EventSource) -> None:
-        """Queue Xid events as they come: a blocking source waits in a thread (1 s at a time), the
-        simulator's is polled when a fault was injected and once a metrics interval otherwise. While a
+        """Queue events as they come (NVML's Xids, the logs'): a blocking source waits in a thread (1 s at
+        a time), the simulator's is polled when a fault was injected and once a metrics interval otherwise. While a
         simulated crash or hang holds the agent, events wait in NVML's queue."""
         while True:
             await self._running.wait()

@@ -17,6 +17,7 @@ from gpufleet.agent.host import read_host_facts
 from gpufleet.agent.inventory import inventory_source
 from gpufleet.agent.jobs.process import ProcessExecutor
 from gpufleet.agent.jobs.supervisor import JobSupervisor
+from gpufleet.agent.logs import LogWatcher, pci_index
 from gpufleet.agent.metrics.gpu import GpuCollector
 from gpufleet.agent.metrics.host import HostCollector
 from gpufleet.agent.metrics.infiniband import IbCollector
@@ -49,6 +50,10 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
         serve(AgentMetrics(name, latest, read), settings.agent_metrics_listen)
         metrics = latest
     events = XidWatcher(book=xids)
+    # Xids in the kernel log name the GPU by PCI address; NVML says which index that is (read once: a
+    # GPU that fell off the bus later keeps its old index here, which is the one the head knows).
+    buses = {gpu.index: gpu.pci_bus_id for gpu in read().gpus}
+    logs = LogWatcher(settings.log_files, settings.agent_state_dir / "log-cursors.json", pci_index(buses))
     checks = HostChecks(
         settings.checks_dir,
         timeout_s=settings.checks_timeout_s,
@@ -80,6 +85,7 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
                 accounts_interval_s=settings.accounts_interval_s,
                 metrics=metrics,
                 events=events,
+                logs=logs,
                 metrics_interval_s=settings.metrics_interval_s,
                 checks=checks,
                 checks_interval_s=settings.checks_interval_s,

@@ -160,6 +160,7 @@ def create_app(
         nodes_here=hub.node_ids,
         send=hub.send_threadsafe,
         slurm=slurm,
+        on_alerts=notifications.submit,
     )
     ca_pem = _served_ca(settings)
     ctx = HeadContext(

@@ -13,6 +13,7 @@ from gpufleet.cli import (
     config,
     export,
     jobs,
+    logs,
     monitoring,
     nodes,
     projects,
@@ -62,6 +63,7 @@ app.add_typer(jobs.app, name="job")
 app.add_typer(jobs.report_app, name="report")
 app.add_typer(monitoring.policy_app, name="health-policy")
 app.add_typer(slurm.app, name="slurm")
+app.add_typer(logs.app, name="logs")
 slurm.app.add_typer(slurm_accounts.app, name="accounts")
 app.command("health")(monitoring.health)
 app.command("login")(config.login)

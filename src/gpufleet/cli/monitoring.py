@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gpufleet.cli.logs import parse_overrides
 from gpufleet.cli.output import Format, OutputOpt, print_json, table
 from gpufleet.cli.state import state
 from gpufleet.core.durations import parse_duration
@@ -279,10 +280,15 @@ def set_policy(
     category: Annotated[str, typer.Argument(help="a node category, or `default` for every other node")],
     disable: Annotated[list[str] | None, typer.Option(help="a check not to run (repeatable)")] = None,
     threshold: Annotated[list[str] | None, typer.Option("--set", help="KEY=VALUE, e.g. gpu_temp_c=85")] = None,
+    xid_action: Annotated[
+        list[str] | None, typer.Option("--xid-action", help="CODE=ACTION over the Xid table, e.g. 13=ignore")
+    ] = None,
     output: Format = OutputOpt,
 ) -> None:
     """Replace a category's health policy (unset thresholds take their defaults)."""
     policy: dict[str, Any] = {"disabled": disable or []}
+    if xid_action:
+        policy["xid_actions"] = {str(code): action for code, action in parse_overrides(xid_action).overrides.items()}
     for item in threshold or []:
         key, sep, value = item.partition("=")
         if not sep:

@@ -144,6 +144,10 @@ class Settings(BaseSettings):
         default_factory=list, description="systemd units that must be active (check service:UNIT)"
     )
     required_mounts: list[str] = Field(default_factory=list, description="paths that must be mount points")
+    log_files: list[Path] = Field(
+        default_factory=lambda: [Path("/var/log/kern.log"), Path("/var/log/nvidia-fabricmanager.log")],
+        description="kernel and driver logs the agent follows and classifies (missing ones are skipped)",
+    )
     log_level: str = Field("INFO", description="logging level")
 
     @field_validator("scheduler_placement")
@@ -194,6 +198,14 @@ class Settings(BaseSettings):
         if not value.is_absolute():
             raise ValueError("must be an absolute path")
         return value
+
+    @field_validator("log_files")
+    @classmethod
+    def _check_log_files(cls, value: list[Path]) -> list[Path]:
+        for path in value:
+            if not path.is_absolute():
+                raise ValueError(f"{str(path)[:80]!r} is not an absolute path")
+        return list(dict.fromkeys(value))
 
     @field_validator("required_services")
     @classmethod

@@ -37,6 +37,7 @@ RULES: dict[str, Rule] = {
         Rule("NodeFailed", "critical", "a node's health verdict is failed: it has been drained"),
         Rule("NodeDegraded", "warning", "a node's health verdict is degraded"),
         Rule("NodeDown", "critical", "a node stopped sending heartbeats"),
+        Rule("GpuStraggler", "warning", "a GPU of a running multi-GPU job works well below its peers in the job"),
     )
 }
 
@@ -113,8 +114,11 @@ def resolve(
 ) -> Alert | None:
     """Resolve the firing alert of `rule` for a node; None if none was firing."""
     alert = _firing(session, fingerprint(rule, node, gpu, entity))
-    if alert is None:
-        return None
+    return end(clock, alert) if alert is not None else None
+
+
+def end(clock: Clock, alert: Alert) -> Alert:
+    """Resolve a firing alert in hand."""
     alert.status = "resolved"
     alert.ends_at = to_datetime(clock.now())
     return alert

@@ -30,15 +30,16 @@ IDLE_UTIL_PCT = 5.0  # below this, a GPU a job holds counts as idle (the dashboa
 
 
 @dataclass(frozen=True)
-class _Held:
+class HeldGpu:
     job: Job
     node: str
     index: int
     util: float
     since: datetime  # when the job's hold on the GPU began
+    power_w: float | None = None
 
 
-def _held_gpus(session: Session, now: float, metrics_interval_s: float) -> Iterator[_Held]:
+def held_gpus(session: Session, now: float, metrics_interval_s: float) -> Iterator[HeldGpu]:
     """Every GPU a running job holds whose node sent a fresh sample, with its utilization: the built-in
     jobs' running ranks, and Slurm's running jobs by the nodes and GPU indexes Slurm gave them."""
     latest = latest_gpu_values(session, now - FRESH_INTERVALS * metrics_interval_s)
@@ -67,21 +68,25 @@ def _held_gpus(session: Session, now: float, metrics_interval_s: float) -> Itera
 
 def _sampled(
     job: Job, node: str, values: dict[str, dict[str, float]], indexes: list[int], since: datetime
-) -> Iterator[_Held]:
+) -> Iterator[HeldGpu]:
     for index in indexes:
-        util = values.get(f"gpu:{index}", {}).get("gpu_util")
+        gpu = values.get(f"gpu:{index}", {})
+        util = gpu.get("gpu_util")
         if util is not None:
-            yield _Held(job, node, index, min(max(util, 0.0), 100.0), since)
+            yield HeldGpu(job, node, index, min(max(util, 0.0), 100.0), since, gpu.get("power_w"))
 
 
-def attribute(session: Session, now: float, elapsed_s: float, metrics_interval_s: float) -> int:
-    """Charge `elapsed_s` of sampled and busy GPU time to every running job. Returns the GPUs counted."""
+def attribute(
+    session: Session, now: float, elapsed_s: float, metrics_interval_s: float, held: list[HeldGpu] | None = None
+) -> int:
+    """Charge `elapsed_s` of sampled and busy GPU time to every running job (`held`, when the caller read
+    them already). Returns the GPUs counted."""
     if elapsed_s <= 0:
         return 0
     counted = 0
-    for held in list(_held_gpus(session, now, metrics_interval_s)):
-        held.job.sampled_gpu_seconds += elapsed_s
-        held.job.busy_gpu_seconds += elapsed_s * held.util / 100.0
+    for gpu in held if held is not None else list(held_gpus(session, now, metrics_interval_s)):
+        gpu.job.sampled_gpu_seconds += elapsed_s
+        gpu.job.busy_gpu_seconds += elapsed_s * gpu.util / 100.0
         counted += 1
     session.flush()
     return counted
@@ -101,7 +106,7 @@ def idle_gpus(
             gpu_util=held.util,
             held_since=held.since,
         )
-        for held in _held_gpus(session, now, metrics_interval_s)
+        for held in held_gpus(session, now, metrics_interval_s)
         if held.util < below_pct
     ]
     out.sort(key=lambda g: (g.held_since, g.job_id, g.node, g.gpu))

@@ -13,31 +13,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpufleet.logs.catalog import REMOVING, Action, XidPolicy, xid_table
 from gpufleet.protocol.metrics import CheckResult, NodeEvent
 
 Severity = Literal["degraded", "failed"]
 Values = dict[str, float]
 Entities = dict[str, Values]  # entity name -> metric -> value, as in one protocol Sample
 
-# Xids that mean the GPU cannot be trusted with the next job until it is reset or replaced, and their
-# meaning in a few words. Everything else is an application-level error (its own job's problem) and
-# makes the node `degraded` at most. NVIDIA's Xid catalog classes these as fatal; a test checks this
-# table against a copy of it.
-FATAL_XIDS: dict[int, str] = {
-    48: "double-bit ECC error",
-    62: "internal micro-controller halt",
-    64: "ECC page retirement or row remapping failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    140: "unrecoverable ECC error",
-    143: "GPU initialization failure",
-    144: "NVLink SAW error",
-    145: "NVLink RLW error",
-    149: "NVLink NETIR error",
-}
+# Xids that take the GPU out of service (drain, reset or reboot) by gpufleet's Xid table
+# (logs/xid_catalog.csv); a category's policy may change any code's action (`xid_actions`).
+FATAL_XIDS: frozenset[int] = frozenset(code for code, info in xid_table().items() if info.action in REMOVING)
 # NVML clocks-event reasons (nvmlClocksEventReason*): the thermal and power brakes that mean a GPU is
 # being slowed by the hardware, not by its workload being light.
 CLOCKS_SW_POWER_CAP = 0x4
@@ -62,6 +47,10 @@ class HealthPolicy(BaseModel):
     disk_used_failed_pct: float = Field(98.0, ge=0, le=100)
     mem_used_degraded_pct: float = Field(98.0, ge=0, le=100)
     stale_after_intervals: float = Field(3.0, gt=1, description="missed sample intervals before metrics are stale")
+    xid_actions: dict[int, Action] = Field(
+        default_factory=dict,
+        description="per-Xid action overriding gpufleet's Xid table: ignore, warn, drain, reset_gpu or reboot",
+    )
 
 
 @dataclass(frozen=True)
@@ -112,15 +101,20 @@ def check_gpu_count(node: NodeSnapshot, _policy: HealthPolicy) -> list[Finding]:
     return findings
 
 
-def check_xid(node: NodeSnapshot, _policy: HealthPolicy) -> list[Finding]:
+def check_xid(node: NodeSnapshot, policy: HealthPolicy) -> list[Finding]:
+    """Each Xid by the category's policy: drain, reset_gpu and reboot fail the node, warn degrades it,
+    ignore leaves it be."""
+    xids = XidPolicy(policy.xid_actions)
     findings = []
     for event in node.events:
         if event.kind != "xid" or event.code is None:
             continue
-        meaning = FATAL_XIDS.get(event.code)
-        if meaning is not None:
+        action = xids.action(event.code)
+        info = xid_table().get(event.code)
+        if action in REMOVING:
+            meaning = info.meaning if info is not None else f"the policy says {action}"
             findings.append(Finding("xid", "failed", f"{_gpu(event.gpu)}: Xid {event.code} ({meaning})"))
-        else:
+        elif action == "warn":
             findings.append(Finding("xid", "degraded", f"{_gpu(event.gpu)}: Xid {event.code}"))
     return findings
 

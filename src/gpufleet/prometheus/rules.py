@@ -15,9 +15,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-# The Xids gpufleet treats as fatal (the GPU is drained): the same codes as `monitoring.checks.FATAL_XIDS`,
-# which this package cannot import (the CLI installs without the server side); a test keeps them equal.
-FATAL_XID_CODES: tuple[int, ...] = (48, 62, 64, 74, 79, 95, 119, 120, 140, 143, 144, 145, 149)
+from gpufleet.logs.catalog import REMOVING, xid_table
+
+# The Xids gpufleet's table takes the GPU out of service for (drain, reset, reboot), as the health checks do
+# by default (a category's `xid_actions` can change that at the head; these rules follow the table).
+FATAL_XID_CODES: tuple[int, ...] = tuple(sorted(c for c, info in xid_table().items() if info.action in REMOVING))
 DEFAULT_JOB = "gpufleet"
 DEFAULT_GPU_TEMP_C = 85.0
 TEST_INTERVAL = "15s"

@@ -167,7 +167,9 @@ class NodeEvent(BaseModel):
 
 
 # Faults the simulator can inject (`gpufleet sim fault`); real agents refuse every one of them.
-FaultKind = Literal["xid79", "ecc-dbe", "thermal", "nvlink-down", "ib-down", "gpu-missing", "node-crash", "agent-hang"]
+FaultKind = Literal[
+    "xid79", "ecc-dbe", "thermal", "nvlink-down", "ib-down", "gpu-missing", "gpu-slow", "node-crash", "agent-hang"
+]
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 
 

@@ -91,7 +91,9 @@ FAULTS = {
     "thermal": "GPU at ~92 C, HBM at ~95 C, thermal clocks-event reasons set, SM clock halved",
     "nvlink-down": "an Xid 74 event; links 0 and 1 inactive; NVLink replay and recovery counters rise",
     "gpu-missing": "the GPU is no longer listed: the device count drops by one",
+    "gpu-slow": "the GPU delivers a fifth of the load its job asks (utilization, power, clocks): a straggler",
 }
+_SLOW_SHARE = 0.2  # of the asked load that a gpu-slow GPU delivers
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +134,9 @@ class SimulatedGpu:
     uuid: str
     serial: str
     pci: PciInfo
-    load: float = 0.0
+    load: float = 0.0  # what it delivers: `demand`, or a fifth of it while slow
+    demand: float = 0.0  # the load its job asks of it (set_load)
+    slow: bool = False
     energy_mj: float = 0.0
     energy_at: float = 0.0
     lost: bool = False  # fell off the bus
@@ -203,7 +207,8 @@ class SimulatedNvml:
         """Set how busy GPU `index` is, 0.0 (idle) to 1.0 (full matmul load); energy so far is kept."""
         gpu = self._gpus[index]
         self._accumulate_energy(gpu)
-        gpu.load = min(1.0, max(0.0, load))
+        gpu.demand = min(1.0, max(0.0, load))
+        gpu.load = gpu.demand * (_SLOW_SHARE if gpu.slow else 1.0)
 
     def inject(self, kind: str, gpu: int | None = None) -> str:
         """Apply fault `kind` (one of FAULTS) to GPU `gpu` (its place on the board; default 0); say what changed.
@@ -232,6 +237,11 @@ class SimulatedNvml:
         if kind == "thermal":
             target.hot = True
             return f"GPU {index} overheats: thermal slowdown"
+        if kind == "gpu-slow":
+            self._accumulate_energy(target)
+            target.slow = True
+            target.load = target.demand * _SLOW_SHARE
+            return f"GPU {index} delivers a fifth of the load it is asked: a straggler"
         if kind == "nvlink-down":
             if self.model.nvlinks < len(_NVLINKS_DOWN):
                 raise InvalidInput(f"{self.model.name} has no NVLinks to take down")
@@ -250,8 +260,11 @@ class SimulatedNvml:
         healed = 0
         for gpu in self._gpus:
             faulty = gpu.lost or gpu.hidden or gpu.hot or gpu.links_down or gpu.remap_pending or gpu.ecc_dbe_volatile
-            healed += bool(faulty)
-            gpu.lost = gpu.hidden = gpu.hot = gpu.remap_pending = False
+            healed += bool(faulty or gpu.slow)
+            if gpu.slow:
+                self._accumulate_energy(gpu)
+                gpu.load = gpu.demand
+            gpu.lost = gpu.hidden = gpu.hot = gpu.remap_pending = gpu.slow = False
             gpu.links_down.clear()
             gpu.ecc_sbe_volatile = gpu.ecc_dbe_volatile = 0
         self._listed = list(self._gpus)

@@ -21,6 +21,7 @@ from gpufleet.agent.daemon import Agent, AgentOptions
 from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.inventory import inventory_source
 from gpufleet.agent.jobs.supervisor import JobSupervisor
+from gpufleet.agent.logs import LogWatcher, pci_index
 from gpufleet.agent.metrics.gpu import GpuCollector
 from gpufleet.agent.metrics.infiniband import IbCollector
 from gpufleet.agent.metrics.ports import Collector
@@ -125,11 +126,21 @@ class Simulation:
         options.metrics = Sampler(collectors)
         # The simulated event set answers at once: polled on the loop, not from a thread per node.
         options.events = XidWatcher(nvml, xids, blocking=False)
+        # The node's "kernel log": a file anyone may append driver lines to (`kernel_log(name)`).
+        buses = {gpu.index: gpu.pci.busId.decode() for gpu in nvml.gpus}
+        nodes = self.options.state_dir / "nodes"
+        options.logs = LogWatcher(
+            [self.kernel_log(name)], nodes / f"{name}.log-cursors.json", pci_index(buses), blocking=False
+        )
         options.metrics_interval_s = self.options.metrics_interval_s
         options.metrics_backlog = self.options.metrics_backlog
         if self.options.checks_interval_s is not None:
             options.checks = SimulatedChecks()
             options.checks_interval_s = self.options.checks_interval_s
+
+    def kernel_log(self, name: str) -> Path:
+        """Where node `name`'s simulated kernel log is: its agent follows and classifies what is written there."""
+        return self.options.state_dir / "nodes" / f"{name}.kern.log"
 
     def start_node(self, name: str) -> None:
         task = self.tasks.get(name)

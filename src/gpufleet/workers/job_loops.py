@@ -34,6 +34,8 @@ from gpufleet.jobs.scheduler import Policy
 from gpufleet.jobs.slurm.sync import SlurmSync, SyncResult
 from gpufleet.jobs.tick import TickResult, TickSettings, run_tick
 from gpufleet.monitoring import attribution
+from gpufleet.monitoring.models import Alert
+from gpufleet.monitoring.stragglers import StragglerWatch
 from gpufleet.protocol.jobs import JobHeld, JobOutput, JobUpdate, RankRef
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ class JobLoops:
     # Under workload_manager = "slurm": the pass that takes the scheduler's place (jobs.slurm.sync).
     slurm: SlurmSync | None = None
     _slurm_problem: str | None = None
+    on_alerts: Callable[[list[Alert]], None] = lambda _alerts: None  # straggler alerts, for notification
+    _stragglers: StragglerWatch = field(default_factory=StragglerWatch)
 
     def wake(self) -> None:
         """Schedule (and dispatch) now rather than at the next interval. Callable from any thread."""
@@ -166,7 +170,13 @@ class JobLoops:
         # A long gap (a new leader, a stalled loop) is not charged as if sampled throughout.
         elapsed = min(now - last, 3 * attribution.ATTRIBUTION_INTERVAL_S)
         with transaction(self.sessions) as session:
-            return attribution.attribute(session, now, elapsed, self.settings.metrics_interval_s)
+            held = list(attribution.held_gpus(session, now, self.settings.metrics_interval_s))
+            counted = attribution.attribute(session, now, elapsed, self.settings.metrics_interval_s, held)
+            # The same GPUs, each compared with its peers in the job (monitoring.stragglers).
+            changed = self._stragglers.check(session, self.clock, held)
+        if changed:
+            self.on_alerts(changed)
+        return counted
 
     def _schedule_interval_s(self) -> float:
         return self.settings.slurm_poll_interval_s if self.slurm is not None else self.settings.scheduler_interval_s

@@ -1,0 +1,167 @@
+"""The node's kernel log and driver logs, followed and classified where they are written.
+
+`LogWatcher` is an `EventSource`: each poll reads what was appended to its files since the last one,
+classifies it (`gpufleet.logs.classify`, the same code as `gpufleet logs classify`) and returns the
+events the head's health checks act on: an Xid becomes `NodeEvent(kind="xid")` for the GPU at that
+PCI address, and "fallen off the bus" becomes `gpu_lost`. The Xids NVML also reports arrive twice on
+a real node; the head's verdict is the same either way, and a log catches what NVML misses (an agent
+started after the Xid, a GPU NVML no longer lists).
+
+Where it is in each file is kept in `cursors` (a JSON file, written atomically after every read), so
+a restarted agent neither reads a line twice nor skips one; a rotated file (new inode) or a truncated
+one (shorter than the cursor) is read from its start. At most `max_lines` lines are read per file per
+poll: a log flooding faster than that is read later rather than all at once, and a flood longer than
+`max_backlog_bytes` behind is skipped to its end, with a warning, as a ring buffer would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufleet.logs.classify import LogClassifier, LogEvent, normalize_pci
+from gpufleet.protocol.metrics import NodeEvent
+
+log = logging.getLogger(__name__)
+
+MAX_LINES = 5_000  # per file per poll
+MAX_BACKLOG_BYTES = 64 * 1024 * 1024  # further behind than this, a file is skipped to its end
+MAX_LINE_BYTES = 16 * 1024  # longer lines are cut (the kernel's own limit is 1 KiB)
+READ_BYTES = 4 * 1024 * 1024  # per file per poll
+POLL_STEP_S = 0.2  # how often a blocking poll looks for new lines
+
+
+@dataclass
+class Cursor:
+    inode: int = 0
+    offset: int = 0
+
+
+@dataclass
+class FollowedFile:
+    path: Path
+    cursor: Cursor = field(default_factory=Cursor)
+    classifier: LogClassifier = field(default_factory=LogClassifier)
+
+    def read_new(self, max_lines: int, max_backlog: int) -> list[str]:
+        """Complete lines appended since the cursor (a partial last line waits for its end)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return []  # not there (yet): a log that appears later is read from its start
+        if st.st_ino != self.cursor.inode or st.st_size < self.cursor.offset:
+            self.cursor = Cursor(inode=st.st_ino, offset=0)
+            self.classifier = LogClassifier(policy=self.classifier.policy)
+        if st.st_size - self.cursor.offset > max_backlog:
+            log.warning("%s: %d bytes behind; skipping to its end", self.path, st.st_size - self.cursor.offset)
+            self.cursor.offset = st.st_size
+            return []
+        if st.st_size == self.cursor.offset:
+            return []
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.cursor.offset)
+                data = fh.read(min(st.st_size - self.cursor.offset, READ_BYTES))
+        except OSError as exc:
+            log.warning("cannot read %s: %s", self.path, exc.strerror)
+            return []
+        complete = data.split(b"\n")[:-1][:max_lines]  # what follows the last newline is a partial line
+        consumed = sum(len(line) + 1 for line in complete)
+        if not complete and len(data) >= MAX_LINE_BYTES:  # no newline in sight: take the piece as a line
+            complete, consumed = [data], len(data)
+        self.cursor.offset += consumed
+        return [line[:MAX_LINE_BYTES].decode("utf-8", errors="replace").rstrip("\r") for line in complete]
+
+
+class LogWatcher:
+    """Follows log files and turns what matters to the head's health checks into `NodeEvent`s.
+
+    `gpu_index` maps a normalised PCI bus id ("0000:2b:00") to the GPU's index on this node; `blocking`
+    polls wait in a thread (a real agent), non-blocking ones return at once (the simulator).
+    """
+
+    def __init__(
+        self,
+        paths: list[Path],
+        cursors: Path,
+        gpu_index: Callable[[str], int | None],
+        *,
+        blocking: bool = True,
+        max_lines: int = MAX_LINES,
+        max_backlog_bytes: int = MAX_BACKLOG_BYTES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.blocking = blocking
+        self._cursors_path = cursors
+        self._gpu_index = gpu_index
+        self._max_lines = max_lines
+        self._max_backlog = max_backlog_bytes
+        self._clock = clock
+        saved = self._load()
+        self.files = [FollowedFile(p, saved.get(str(p), Cursor())) for p in paths]
+        self.classified: list[LogEvent] = []  # every event of the last poll, for whoever keeps them
+        self.lines_read = 0
+
+    def _load(self) -> dict[str, Cursor]:
+        try:
+            raw = json.loads(self._cursors_path.read_text())
+            return {path: Cursor(int(c["inode"]), int(c["offset"])) for path, c in raw.items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("unreadable log cursors %s (%s): reading logs from their start", self._cursors_path, exc)
+            return {}
+
+    def _save(self) -> None:
+        data = {str(f.path): {"inode": f.cursor.inode, "offset": f.cursor.offset} for f in self.files}
+        tmp = self._cursors_path.with_suffix(".tmp")
+        try:
+            self._cursors_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self._cursors_path)
+        except OSError as exc:
+            log.warning("cannot save log cursors to %s: %s", self._cursors_path, exc.strerror)
+
+    def read_once(self) -> list[NodeEvent]:
+        """One pass over every file: the events for the head, and every classified event kept in
+        `classified`."""
+        self.classified = []
+        moved = False
+        for followed in self.files:
+            before = (followed.cursor.inode, followed.cursor.offset)
+            lines = followed.read_new(self._max_lines, self._max_backlog)
+            self.lines_read += len(lines)
+            self.classified.extend(followed.classifier.feed(lines))
+            moved = moved or before != (followed.cursor.inode, followed.cursor.offset)
+        if moved:
+            self._save()
+        return [e for e in (self._node_event(c) for c in self.classified) if e is not None]
+
+    def poll(self, timeout_ms: int) -> list[NodeEvent]:
+        """Events appended since the last poll; a blocking watcher waits up to `timeout_ms` for some."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            events = self.read_once()
+            if events or not self.blocking or time.monotonic() >= deadline:
+                return events
+            time.sleep(min(POLL_STEP_S, max(deadline - time.monotonic(), 0)))
+
+    def _node_event(self, event: LogEvent) -> NodeEvent | None:
+        gpu = self._gpu_index(event.pci_bus) if event.pci_bus else None
+        message = event.line[:512]
+        if event.kind == "xid" and event.code is not None:
+            return NodeEvent(ts=self._clock(), kind="xid", gpu=gpu, code=event.code, message=message)
+        if event.kind == "gpu_off_bus" and gpu is not None:
+            return NodeEvent(ts=self._clock(), kind="gpu_lost", gpu=gpu, message=message)
+        return None
+
+
+def pci_index(pci_bus_ids: dict[int, str]) -> Callable[[str], int | None]:
+    """`gpu_index` for LogWatcher from {GPU index: NVML's PCI bus id}."""
+    by_bus = {normalize_pci(bus): index for index, bus in pci_bus_ids.items()}
+    return by_bus.get

@@ -1,0 +1,90 @@
+"""gpufleet logs classify: the GPU, network and host faults in a kernel log, without a server.
+
+Admins run it on a log a user sent them (dmesg, dmesg -T, /dev/kmsg, syslog, journalctl short or
+`-o json`, the Fabric Manager log, ibstat output; gzip'd or not, or `-` for stdin). One event per
+line for people, or a JSON array for scripts. The same classifier runs in every agent.
+"""
+
+from __future__ import annotations
+
+import gzip
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpufleet.cli.output import Format, OutputOpt, print_json
+from gpufleet.core.errors import InvalidInput
+from gpufleet.logs.catalog import XidPolicy
+from gpufleet.logs.classify import LogEvent, classify_text
+
+app = typer.Typer(help="Kernel and driver logs: classify Xids, ECC, NVLink, InfiniBand and host faults.")
+
+
+def read_log(path: Path) -> str:
+    """The text of a log file (gzip'd or plain; `-` is stdin). Raises InvalidInput if unreadable."""
+    try:
+        if str(path) == "-":
+            return sys.stdin.read()
+        with path.open("rb") as fh:
+            gzipped = fh.read(2) == b"\x1f\x8b"
+        data = gzip.decompress(path.read_bytes()) if gzipped else path.read_bytes()
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise InvalidInput(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    return data.decode("utf-8", errors="replace")
+
+
+def parse_overrides(values: list[str]) -> XidPolicy:
+    """`--xid-action 13=ignore --xid-action 31=drain`. Raises InvalidInput for a malformed one."""
+    pairs: dict[str, str] = {}
+    for value in values:
+        code, sep, action = value.partition("=")
+        if not sep:
+            raise InvalidInput(f"--xid-action {value!r}: expected CODE=ACTION, e.g. 13=ignore")
+        pairs[code.strip()] = action.strip()
+    try:
+        return XidPolicy.from_setting(pairs)
+    except ValueError as exc:
+        raise InvalidInput(f"--xid-action: {exc}") from None
+
+
+def _where(event: LogEvent) -> str:
+    return event.pci_bus or event.device or "-"
+
+
+def _what(event: LogEvent) -> str:
+    return f"{event.kind} {event.code}" if event.code is not None else event.kind
+
+
+def _when(event: LogEvent) -> str:
+    if event.time is not None:
+        return datetime.fromtimestamp(event.time, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return f"+{event.uptime_s:.3f}s" if event.uptime_s is not None else "-"
+
+
+@app.command("classify")
+def classify(
+    path: Annotated[Path, typer.Argument(help="the log file (plain or gzip); - for stdin")],
+    xid_action: Annotated[
+        list[str] | None, typer.Option("--xid-action", help="override an Xid's action, e.g. 13=ignore (repeatable)")
+    ] = None,
+    year: Annotated[int | None, typer.Option(min=1970, max=9999, help="year of syslog dates, which have none")] = None,
+    output: Format = OutputOpt,
+) -> None:
+    """Print the events found in a log file, one per line (line number, time, severity, action, what, where)."""
+    policy = parse_overrides(xid_action or [])
+    text = read_log(path)
+    events = classify_text(text, policy, year)
+    if output is Format.json:
+        print_json([e.as_json() for e in events])
+        return
+    for e in events:
+        typer.echo(
+            f"{e.line_no:>6}  {_when(e):<19}  {e.severity:<8}  {e.action:<9}  {_what(e):<12}  {_where(e):<12}  "
+            f"{e.message}"
+        )
+    critical = sum(1 for e in events if e.severity == "critical")
+    lines = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
+    typer.echo(f"{len(events)} events ({critical} critical) in {lines} lines", err=True)

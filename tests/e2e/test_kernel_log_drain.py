@@ -1,0 +1,48 @@
+"""Issue 8's must-show, with real processes: an Xid 79 line written into a simulated node's kernel
+log is read by its agent, classified, and drains the node, naming the GPU at that PCI address."""
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import Head, start_sim, wait_for
+
+pytestmark = pytest.mark.e2e
+FAST = {"GPUFLEET_METRICS_INTERVAL_S": "0.5"}
+# GPU 2 of a simulated HGX node sits at bus 3A (sim/nvml.py); the line is a real Xid 79 capture's.
+XID79_GPU2 = (
+    "[6781741.548779] NVRM: Xid (PCI:0000:3a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+)
+
+
+@pytest.fixture
+def fast_head(tmp_path: Path) -> Iterator[Head]:
+    head = Head(tmp_path, env=FAST).start()
+    yield head
+    head.kill(signal.SIGTERM)
+
+
+def test_an_xid79_line_in_the_kernel_log_drains_the_node(fast_head: Head, tmp_path: Path) -> None:
+    head = fast_head
+    sim = start_sim(tmp_path, head.url, head.join_token(2), 2, env=FAST)
+    try:
+
+        def health() -> dict[str, dict[str, Any]]:
+            return {row["node"]: row for row in head.api("GET", "/api/v1/health")}
+
+        wait_for(lambda: len(health()) == 2 and all(r["health"] == "healthy" for r in health().values()), 60)
+        kern_log = tmp_path / "sim" / "nodes" / "sim001.kern.log"
+        with kern_log.open("a") as fh:
+            fh.write("[    5.2] IPv6: ADDRCONF(NETDEV_CHANGE): eth0: link becomes ready\n" + XID79_GPU2 + "\n")
+        wait_for(lambda: health()["sim001"]["drained"], 15)
+        node = health()["sim001"]
+        assert node["health"] == "failed"
+        assert "GPU 2: Xid 79 (GPU has fallen off the bus)" in node["reasons"]
+        assert node["drain_reason"] == "gpufleet: GPU 2: Xid 79 (GPU has fallen off the bus)"
+        assert health()["sim002"]["health"] == "healthy"  # the other node's log holds nothing
+    finally:
+        sim.send_signal(signal.SIGINT)
+        sim.wait(timeout=30)
