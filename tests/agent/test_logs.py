@@ -4,11 +4,12 @@ fallen-off-the-bus lines into the events the head's health checks act on."""
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
 
-from gpufleet.agent.logs import LogWatcher, pci_index
+from gpufleet.agent.logs import KMSG, KmsgFollower, LogWatcher, parse_kmsg_record, pci_index
 
 XID79 = "[6781741.548779] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 OFF_BUS = "[6781741.548783] NVRM: GPU 0000:91:00.0: GPU has fallen off the bus."
@@ -94,3 +95,51 @@ def test_a_blocking_poll_waits_for_lines_up_to_its_timeout(tmp_path: Path) -> No
     assert w.poll(300) == []  # waited, nothing came
     append(log, XID79)
     assert [e.code for e in w.poll(300)] == [79]
+
+
+def test_kmsg_records_are_read_by_their_sequence_number() -> None:
+    text = "4,3964,206764307,-;NVRM: Xid (PCI:0000:91:00): 79, GPU has fallen off the bus."
+    assert parse_kmsg_record(text.encode() + b"\n SUBSYSTEM=pci\n DEVICE=+pci:0000:91:00.0\n") == (text, 3964)
+    assert parse_kmsg_record(b"not a record")[1] is None
+
+
+def _kmsg_usable() -> bool:
+    try:
+        fd = os.open(KMSG, os.O_RDWR | os.O_NONBLOCK)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+def _write_kmsg(line: str) -> None:
+    fd = os.open(KMSG, os.O_WRONLY)  # a character device: one write is one record
+    try:
+        os.write(fd, line.encode() + b"\n")
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not _kmsg_usable(), reason="no /dev/kmsg this process may read and write (needs root)")
+def test_the_real_kernel_log_is_followed_across_a_restart(tmp_path: Path) -> None:
+    """Writes two harmless marker lines into this machine's kernel log and reads them back."""
+    marker = f"gpufleet-test {uuid.uuid4()}"
+
+    def follower() -> KmsgFollower:
+        watcher = LogWatcher([KMSG], tmp_path / "cursors.json", pci_index(BUSES), blocking=False)
+        found = watcher.files[0]
+        assert isinstance(found, KmsgFollower)
+        return found
+
+    def mine(lines: list[str]) -> list[str]:
+        return [line.split(";", 1)[1] for line in lines if marker in line]
+
+    _write_kmsg(f"{marker} first")
+    w = LogWatcher([KMSG], tmp_path / "cursors.json", pci_index(BUSES), blocking=False)
+    w.read_once()  # the whole ring buffer, to its end; the cursor is saved
+    assert w.lines_read > 0
+    w.files[0].close()  # type: ignore[union-attr]
+    _write_kmsg(f"{marker} second")
+    again = follower()  # a restarted agent: from the saved sequence number on, so "first" is not read again
+    assert mine(again.read_new(100_000, 0)) == [f"{marker} second"]
+    again.close()

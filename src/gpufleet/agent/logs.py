@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpufleet.logs.classify import LogClassifier, LogEvent, normalize_pci
@@ -36,10 +36,18 @@ READ_BYTES = 4 * 1024 * 1024  # per file per poll
 POLL_STEP_S = 0.2  # how often a blocking poll looks for new lines
 
 
+KMSG = Path("/dev/kmsg")
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
 @dataclass
 class Cursor:
+    """A file's inode and byte offset; for /dev/kmsg, the last record's sequence number (`offset`) and
+    the boot it belongs to (sequence numbers start again at every boot)."""
+
     inode: int = 0
     offset: int = 0
+    boot: str = ""
 
 
 @dataclass
@@ -78,6 +86,83 @@ class FollowedFile:
         return [line[:MAX_LINE_BYTES].decode("utf-8", errors="replace").rstrip("\r") for line in complete]
 
 
+@dataclass
+class KmsgFollower:
+    """The kernel's ring buffer through /dev/kmsg: every distribution has it, rsyslog or not.
+
+    Each read() returns one record, `priority,sequence,microseconds,flags;message` and continuation
+    lines (" KEY=value"), which are dropped. The device is opened once and read without blocking;
+    records up to the cursor's sequence number are skipped, so a restarted agent reads the ring
+    buffer again from where it was, and after a reboot (a new boot id) the whole buffer. Records the
+    kernel overwrote before they were read (EPIPE) are counted and logged, not fatal.
+    """
+
+    path: Path = KMSG
+    cursor: Cursor = field(default_factory=Cursor)
+    classifier: LogClassifier = field(default_factory=LogClassifier)
+    boot_id: Path = BOOT_ID
+    overwritten: int = 0
+    _fd: int | None = None
+    _warned: bool = False
+
+    def read_new(self, max_lines: int, max_backlog: int) -> list[str]:
+        """Records written since the cursor, as `pri,seq,usec,flags;message` lines."""
+        fd = self._fd if self._fd is not None else self._open()
+        if fd is None:
+            return []
+        lines: list[str] = []
+        while len(lines) < max_lines:
+            try:
+                record = os.read(fd, 16 * 1024)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:  # the kernel overwrote records before they were read
+                self.overwritten += 1
+                continue
+            except OSError as exc:
+                log.warning("cannot read %s: %s", self.path, exc.strerror)
+                self.close()
+                break
+            line, seq = parse_kmsg_record(record)
+            if seq is None or seq <= self.cursor.offset:
+                continue
+            self.cursor.offset = seq
+            lines.append(line)
+        return lines
+
+    def _open(self) -> int | None:
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if not self._warned:  # once: it is tried again every poll, in case permissions change
+                log.warning("cannot open %s: %s; the kernel log is not followed", self.path, exc.strerror)
+                self._warned = True
+            return None
+        try:
+            boot = self.boot_id.read_text().strip()
+        except OSError:
+            boot = ""
+        if boot != self.cursor.boot:  # a reboot: this boot's records are all new
+            self.cursor = Cursor(offset=-1, boot=boot)
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def parse_kmsg_record(record: bytes) -> tuple[str, int | None]:
+    """(`pri,seq,usec,flags;message`, seq) of one /dev/kmsg record; its continuation lines are dropped.
+    (line, None) for something that is not a record."""
+    first = record.split(b"\n", 1)[0][:MAX_LINE_BYTES].decode("utf-8", errors="replace")
+    header, sep, _ = first.partition(";")
+    fields = header.split(",")
+    if not sep or len(fields) < 3 or not fields[1].isdigit():
+        return first, None
+    return first, int(fields[1])
+
+
 class LogWatcher:
     """Follows log files and turns what matters to the head's health checks into `NodeEvent`s.
 
@@ -103,14 +188,17 @@ class LogWatcher:
         self._max_backlog = max_backlog_bytes
         self._clock = clock
         saved = self._load()
-        self.files = [FollowedFile(p, saved.get(str(p), Cursor())) for p in paths]
+        self.files: list[FollowedFile | KmsgFollower] = [
+            KmsgFollower(p, saved.get(str(p), Cursor())) if p == KMSG else FollowedFile(p, saved.get(str(p), Cursor()))
+            for p in paths
+        ]
         self.classified: list[LogEvent] = []  # every event of the last poll, for whoever keeps them
         self.lines_read = 0
 
     def _load(self) -> dict[str, Cursor]:
         try:
             raw = json.loads(self._cursors_path.read_text())
-            return {path: Cursor(int(c["inode"]), int(c["offset"])) for path, c in raw.items()}
+            return {path: Cursor(int(c["inode"]), int(c["offset"]), str(c.get("boot", ""))) for path, c in raw.items()}
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -118,7 +206,7 @@ class LogWatcher:
             return {}
 
     def _save(self) -> None:
-        data = {str(f.path): {"inode": f.cursor.inode, "offset": f.cursor.offset} for f in self.files}
+        data = {str(f.path): asdict(f.cursor) for f in self.files}
         tmp = self._cursors_path.with_suffix(".tmp")
         try:
             self._cursors_path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,11 +221,11 @@ class LogWatcher:
         self.classified = []
         moved = False
         for followed in self.files:
-            before = (followed.cursor.inode, followed.cursor.offset)
+            before = asdict(followed.cursor)
             lines = followed.read_new(self._max_lines, self._max_backlog)
             self.lines_read += len(lines)
             self.classified.extend(followed.classifier.feed(lines))
-            moved = moved or before != (followed.cursor.inode, followed.cursor.offset)
+            moved = moved or before != asdict(followed.cursor)
         if moved:
             self._save()
         return [e for e in (self._node_event(c) for c in self.classified) if e is not None]

@@ -145,7 +145,7 @@ class Settings(BaseSettings):
     )
     required_mounts: list[str] = Field(default_factory=list, description="paths that must be mount points")
     log_files: list[Path] = Field(
-        default_factory=lambda: [Path("/var/log/kern.log"), Path("/var/log/nvidia-fabricmanager.log")],
+        default_factory=lambda: [Path("/dev/kmsg"), Path("/var/log/nvidia-fabricmanager.log")],
         description="kernel and driver logs the agent follows and classifies (missing ones are skipped)",
     )
     log_level: str = Field("INFO", description="logging level")
