@@ -24,6 +24,7 @@ from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import GpufleetError
 from gpufleet.inventory.models import Node
 from gpufleet.jobs.ports import OWN_DRAIN_PREFIX, WorkloadManager
+from gpufleet.monitoring.anomalies import AnomalyWatch
 from gpufleet.monitoring.checks import HealthPolicy, NodeSnapshot, Verdict, evaluate
 from gpufleet.monitoring.models import AlertRule, HealthPolicyRow
 from gpufleet.monitoring.thresholds import BUILTIN_RULES, ThresholdRule, ThresholdState, Transition
@@ -96,6 +97,7 @@ class HealthJudge:
     facts: dict[int, NodeFacts] = field(default_factory=dict)
     rules: list[ThresholdRule] = field(default_factory=lambda: list(BUILTIN_RULES))
     thresholds: ThresholdState = field(default_factory=ThresholdState)
+    anomalies: AnomalyWatch = field(default_factory=AnomalyWatch)  # each GPU series against its own baseline
     config_read_at: float | None = None
 
     def policy_for(self, category: str | None) -> HealthPolicy:
@@ -145,6 +147,7 @@ class HealthJudge:
         for gone in set(stale) - found:  # removed meanwhile
             self.facts.pop(gone, None)
             self.tracker.forget(gone)
+            self.anomalies.forget(gone)
 
     def decide(self, node_ids: set[int], now: float) -> tuple[list[_Decision], list[Transition]]:
         """In memory: the nodes whose stored verdict or drain must change, and the threshold alerts
@@ -159,6 +162,7 @@ class HealthJudge:
             if view.new_samples:
                 fresh = list(zip(view.times[: view.new_samples], view.samples[: view.new_samples], strict=True))
                 transitions += self.thresholds.observe(node_id, fresh[::-1], self.rules)
+                transitions += self.anomalies.observe(node_id, fresh[::-1])
             snapshot = NodeSnapshot(
                 expected_gpus=facts.expected_gpus,
                 samples=view.samples,
