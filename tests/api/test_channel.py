@@ -7,8 +7,9 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
+from gpufleet.core.errors import Unavailable
 from gpufleet.inventory.states import NodeState
-from gpufleet.protocol.messages import CLOSE_BAD_MESSAGE, CLOSE_NODE_GONE, CLOSE_UNAUTHORIZED
+from gpufleet.protocol.messages import CLOSE_BAD_MESSAGE, CLOSE_NODE_GONE, CLOSE_TRY_AGAIN, CLOSE_UNAUTHORIZED
 
 
 def _credential(client: TestClient, name: str) -> str:
@@ -75,3 +76,25 @@ def test_removing_a_node_closes_its_channel(client: TestClient) -> None:
         with pytest.raises(WebSocketDisconnect) as closed:
             ws.receive_text()
         assert closed.value.code == CLOSE_NODE_GONE
+
+
+def test_a_message_the_head_cannot_record_closes_the_channel_for_a_retry(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database stayed locked (a join storm): the channel closes with 1013, try again later, rather
+    than an error escaping to an HTTP handler that cannot answer on a WebSocket."""
+    jobs = client.app.state.ctx.jobs  # type: ignore[attr-defined]
+
+    def locked(*_: object) -> list[object]:
+        raise Unavailable("database error: database is locked")
+
+    monkeypatch.setattr(jobs, "record_held", locked)
+    credential = _credential(client, "n1")
+    with client.websocket_connect("/api/v1/agent/channel", headers={"Authorization": f"Bearer {credential}"}) as ws:
+        ws.send_text(json.dumps({"type": "hello", "heartbeat_interval_s": 1.0}))
+        ws.receive_json()
+        ws.send_text(json.dumps({"type": "job_held", "ranks": []}))
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_text()
+    assert closed.value.code == CLOSE_TRY_AGAIN
+    assert "database is locked" in (closed.value.reason or "")

@@ -26,6 +26,7 @@ CLOSE_UNAUTHORIZED = 4401
 CLOSE_NODE_GONE = 4404
 CLOSE_REPLACED = 4409  # another connection of the same node took over
 CLOSE_TOO_LARGE = 4413
+CLOSE_TRY_AGAIN = 1013  # RFC 6455 "try again later": the head could not take a message (its database was busy)
 MAX_CHANNEL_MESSAGE_BYTES = 64 * 1024
 MAX_INVENTORY_BYTES = 256 * 1024
 

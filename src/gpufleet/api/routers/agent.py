@@ -26,6 +26,7 @@ from gpufleet.protocol.jobs import JobAck, JobCancel, JobHeld, JobOutput, JobUpd
 from gpufleet.protocol.messages import (
     CLOSE_BAD_MESSAGE,
     CLOSE_TOO_LARGE,
+    CLOSE_TRY_AGAIN,
     CLOSE_UNAUTHORIZED,
     MAX_CHANNEL_MESSAGE_BYTES,
     MAX_INVENTORY_BYTES,
@@ -121,6 +122,12 @@ async def channel(ws: WebSocket) -> None:
         closing = await _serve(ctx, ws, chan, fingerprint)
     except TimeoutError:
         closing = (CLOSE_BAD_MESSAGE, "no heartbeat within ten intervals")
+    except GpufleetError as exc:
+        # A message the head could not record (the database stayed locked through a join storm): close,
+        # so the agent reconnects and sends it again, rather than letting it escape to an HTTP error
+        # handler that cannot answer on a WebSocket.
+        log.warning("node %s: closing its channel: %s", name, exc)
+        closing = (CLOSE_TRY_AGAIN, f"head busy, reconnect: {exc}")
     except (WebSocketDisconnect, RuntimeError):
         pass  # the agent went away, or this side closed the socket (node replaced or removed)
     finally:
