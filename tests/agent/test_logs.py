@@ -143,3 +143,15 @@ def test_the_real_kernel_log_is_followed_across_a_restart(tmp_path: Path) -> Non
     again = follower()  # a restarted agent: from the saved sequence number on, so "first" is not read again
     assert mine(again.read_new(100_000, 0)) == [f"{marker} second"]
     again.close()
+
+
+def test_what_a_line_says_to_do_travels_with_its_event(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    append(
+        log,
+        "NVRM: Xid (PCI:0000:18:00): 144, SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000)",
+        "NVRM: Xid (PCI:0000:91:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+        XID79,
+    )
+    events = watcher(tmp_path, log).poll(0)
+    assert [(e.code, e.gpu, e.suggested) for e in events] == [(144, 0, "warn"), (154, 3, "reboot"), (79, 3, None)]

@@ -99,6 +99,14 @@ def test_a_categorys_xid_actions_override_the_table() -> None:
     assert evaluate(snapshot, lenient).state == "healthy"
 
 
+def test_what_the_log_line_suggested_counts_unless_the_policy_says_otherwise() -> None:
+    nonfatal = NodeEvent(ts=1.0, kind="xid", gpu=2, code=144, suggested="warn")  # "SAW_MVB Nonfatal ..."
+    snapshot = NodeSnapshot(expected_gpus=8, samples=[node()], events=[nonfatal])
+    assert evaluate(snapshot, POLICY).state == "degraded"  # the table alone would drain for 144
+    strict = POLICY.model_copy(update={"xid_actions": {144: "drain"}})
+    assert evaluate(snapshot, strict).state == "failed"
+
+
 def test_xid_actions_are_validated() -> None:
     assert HealthPolicy.model_validate({"xid_actions": {"31": "reset_gpu"}}).xid_actions == {31: "reset_gpu"}
     with pytest.raises(ValidationError):

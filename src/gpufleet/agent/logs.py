@@ -243,7 +243,9 @@ class LogWatcher:
         gpu = self._gpu_index(event.pci_bus) if event.pci_bus else None
         message = event.line[:512]
         if event.kind == "xid" and event.code is not None:
-            return NodeEvent(ts=self._clock(), kind="xid", gpu=gpu, code=event.code, message=message)
+            return NodeEvent(
+                ts=self._clock(), kind="xid", gpu=gpu, code=event.code, message=message, suggested=event.suggested
+            )
         if event.kind == "gpu_off_bus" and gpu is not None:
             return NodeEvent(ts=self._clock(), kind="gpu_lost", gpu=gpu, message=message)
         return None

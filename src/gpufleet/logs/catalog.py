@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Literal, get_args
 
-Action = Literal["ignore", "warn", "drain", "reset_gpu", "reboot"]
+from gpufleet.protocol.metrics import XidAction
+
+Action = XidAction
 Severity = Literal["info", "warning", "critical"]
 ACTIONS: tuple[str, ...] = get_args(Action)
 # Actions that take the GPU (and so the node) out of service: the node becomes `failed` and is drained.

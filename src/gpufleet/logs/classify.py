@@ -92,6 +92,7 @@ class LogEvent:
     message: str = ""
     time: float | None = None  # epoch seconds, when the line says
     uptime_s: float | None = None  # seconds since boot, when the line says (dmesg, /dev/kmsg)
+    suggested: Action | None = None  # what an Xid line itself says to do, before the admins' policy
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -136,6 +137,7 @@ def _xid(m: re.Match[str], line: str, policy: XidPolicy) -> LogEvent | None:
         pci_bus=normalize_pci(pci),
         category=info.category if info else None,
         message=rest or (info.meaning if info else ""),
+        suggested=suggested,
     )
 
 

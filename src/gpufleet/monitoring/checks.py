@@ -102,14 +102,15 @@ def check_gpu_count(node: NodeSnapshot, _policy: HealthPolicy) -> list[Finding]:
 
 
 def check_xid(node: NodeSnapshot, policy: HealthPolicy) -> list[Finding]:
-    """Each Xid by the category's policy: drain, reset_gpu and reboot fail the node, warn degrades it,
+    """Each Xid by the category's policy (or, where it has none for the code, what the log line itself
+    suggested, or else the Xid table): drain, reset_gpu and reboot fail the node, warn degrades it,
     ignore leaves it be."""
     xids = XidPolicy(policy.xid_actions)
     findings = []
     for event in node.events:
         if event.kind != "xid" or event.code is None:
             continue
-        action = xids.action(event.code)
+        action = xids.action(event.code, event.suggested)
         info = xid_table().get(event.code)
         if action in REMOVING:
             meaning = info.meaning if info is not None else f"the policy says {action}"

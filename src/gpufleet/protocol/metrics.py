@@ -152,6 +152,8 @@ class Sample(BaseModel):
 
 
 EventKind = Literal["xid", "gpu_lost", "collector_failed"]
+# What to do about an Xid (gpufleet.logs.catalog explains each); here because events carry a line's own.
+XidAction = Literal["ignore", "warn", "drain", "reset_gpu", "reboot"]
 
 
 class NodeEvent(BaseModel):
@@ -164,6 +166,9 @@ class NodeEvent(BaseModel):
     gpu: int | None = Field(default=None, ge=0, le=255)
     code: int | None = Field(default=None, ge=0, le=2**31 - 1)  # the Xid for kind xid
     message: Annotated[str, StringConstraints(max_length=512)] = ""
+    # What the kernel log line itself says to do (Xid 154 names its recovery; an NVLink Xid says
+    # Nonfatal); the head's policy may still override it. None from NVML, and from older agents.
+    suggested: XidAction | None = None
 
 
 # Faults the simulator can inject (`gpufleet sim fault`); real agents refuse every one of them.
