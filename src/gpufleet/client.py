@@ -134,6 +134,12 @@ class HeadClient:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/audit", params=params)
         return result
 
+    def search_logs(self, **filters: Any) -> list[dict[str, Any]]:
+        """GET /api/v1/logs with the filters that are set (node, since, until, severity, kind, events, q, limit)."""
+        params = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in filters.items() if v is not None}
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/logs", params=params)
+        return result
+
     def create_user_token(self, user: str, expires_in_s: int, scope: str) -> dict[str, Any]:
         body = {"user": user, "expires_in_s": expires_in_s, "scope": scope}
         result: dict[str, Any] = self._call("POST", "/api/v1/tokens/user", json=body)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,19 @@ def test_what_a_line_says_to_do_travels_with_its_event(tmp_path: Path) -> None:
     )
     events = watcher(tmp_path, log).poll(0)
     assert [(e.code, e.gpu, e.suggested) for e in events] == [(144, 0, "warn"), (154, 3, "reboot"), (79, 3, None)]
+
+
+def test_every_line_read_is_kept_for_the_head_with_its_classification(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    append(log, NOISE, XID79, XID13)
+    w = watcher(tmp_path, log)
+    w.poll(0)
+    lines = w.take_lines()
+    assert [(x.line, x.kind, x.code, x.gpu, x.severity, x.source) for x in lines] == [
+        (NOISE, None, None, None, None, str(log)),
+        (XID79, "xid", 79, 3, "critical", str(log)),
+        (XID13, "xid", 13, None, "warning", str(log)),  # 0000:cb:00 is not a GPU of this node
+    ]
+    assert lines[0].ts == 5.0  # no time of its own: when it was read
+    assert lines[2].ts == datetime(2024, 8, 30, 11, 43, 9, tzinfo=UTC).timestamp()  # dmesg -T's own
+    assert w.take_lines() == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpufleet.agent.metrics.gpu import GpuCollector
 from gpufleet.agent.metrics.outbox import Outbox
 from gpufleet.agent.metrics.sampler import Sampler
+from gpufleet.protocol.logs import LogLine, LogLines
 from gpufleet.protocol.messages import MAX_CHANNEL_MESSAGE_BYTES, Events, Metrics, agent_message_adapter
 from gpufleet.protocol.metrics import GpuJob, NodeEvent, Sample
 from gpufleet.sim.nvml import SimulatedNvml
@@ -116,3 +117,21 @@ def test_many_events_are_batched_up_to_the_protocol_limit() -> None:
     messages = _drain(outbox)
 
     assert [len(m.events) for m in messages if isinstance(m, Events)] == [256, 44]
+
+
+def test_log_lines_go_after_events_and_samples_batched_under_the_limit_and_bounded() -> None:
+    outbox = Outbox(max_log_lines=1500)
+    long_line = "NVRM: Xid (PCI:0000:cb:00): 13, " + "x" * 1900
+    outbox.add_log_lines(LogLine(ts=float(i), source="/dev/kmsg", line=long_line) for i in range(1600))
+    outbox.add_sample(_sample(1.0))
+    outbox.add_events([NodeEvent(ts=2.0, kind="xid", gpu=0, code=13)])
+    messages = []
+    while (message := outbox.next_message()) is not None:
+        assert len(message.text.encode()) <= MAX_CHANNEL_MESSAGE_BYTES
+        messages.append(agent_message_adapter.validate_json(message.text))
+        outbox.sent(message)
+    assert [m.type for m in messages[:3]] == ["events", "metrics", "logs"]
+    lines = [line for m in messages if isinstance(m, LogLines) for line in m.lines]
+    assert [line.ts for line in lines] == [float(i) for i in range(100, 1600)]  # the oldest 100 dropped
+    assert outbox.dropped_log_lines == 100
+    assert len(messages) > 40  # about 30 lines of 2 KB fit in 64 KiB

@@ -1,5 +1,6 @@
 """Issue 8's must-show, with real processes: an Xid 79 line written into a simulated node's kernel
-log is read by its agent, classified, and drains the node, naming the GPU at that PCI address."""
+log is read by its agent, classified, and drains the node, naming the GPU at that PCI address; the
+line and its event are kept at the head, listed and searchable."""
 
 import signal
 from collections.abc import Iterator
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Head, start_sim, wait_for
+from tests.e2e.conftest import Head, cli_json, run_cli, start_sim, wait_for
 
 pytestmark = pytest.mark.e2e
 FAST = {"GPUFLEET_METRICS_INTERVAL_S": "0.5"}
@@ -43,6 +44,18 @@ def test_an_xid79_line_in_the_kernel_log_drains_the_node(fast_head: Head, tmp_pa
         assert "GPU 2: Xid 79 (GPU has fallen off the bus)" in node["reasons"]
         assert node["drain_reason"] == "gpufleet: GPU 2: Xid 79 (GPU has fallen off the bus)"
         assert health()["sim002"]["health"] == "healthy"  # the other node's log holds nothing
+
+        # Kept at the head and searchable: the event, and the ordinary line beside it.
+        wait_for(lambda: len(head.api("GET", "/api/v1/logs", params={"node": "sim001"})) == 2, 10)
+        events = cli_json(tmp_path, head.url, "events", "list", "--node", "sim001")
+        assert [(e["kind"], e["code"], e["gpu"], e["severity"], e["line"]) for e in events] == [
+            ("xid", 79, 2, "critical", XID79_GPU2)
+        ]
+        found = cli_json(tmp_path, head.url, "logs", "search", "link", "ready")
+        assert [(f["node"], f["kind"]) for f in found] == [("sim001", None)]
+        shown = run_cli(tmp_path, "events", "list", "--severity", "critical", server=head.url)
+        assert shown.returncode == 0, shown.stderr
+        assert "xid 79" in shown.stdout
     finally:
         sim.send_signal(signal.SIGINT)
         sim.wait(timeout=30)

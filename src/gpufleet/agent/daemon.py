@@ -22,6 +22,7 @@ from gpufleet.agent.credentials import Credential, CredentialStore
 from gpufleet.agent.faults import AGENT_FAULTS, REFUSED_ON_REAL_NODES, FaultTarget
 from gpufleet.agent.inventory import InventorySource
 from gpufleet.agent.jobs.supervisor import JobSupervisor
+from gpufleet.agent.logs import LogWatcher
 from gpufleet.agent.metrics.outbox import Outbox
 from gpufleet.agent.metrics.ports import EventSource, SampleSource
 from gpufleet.client import AgentHttp
@@ -67,7 +68,7 @@ class AgentOptions:
     accounts_interval_s: float = 60.0
     metrics: SampleSource | None = None  # sampled every metrics_interval_s, in a worker thread; None: no metrics
     events: EventSource | None = None  # Xid events, sent the moment they are read
-    logs: EventSource | None = None  # the kernel and driver logs' events (agent.logs.LogWatcher)
+    logs: LogWatcher | None = None  # the kernel and driver logs: their events, and every line for the head
     faults: FaultTarget | None = None  # simulated nodes only: where `gpufleet sim fault` lands
     metrics_interval_s: float = 5.0
     metrics_backlog: int = 60  # samples kept while the head is unreachable; the oldest go first
@@ -357,24 +358,25 @@ class Agent:
             await asyncio.sleep(next_at - loop.time())
 
     async def _watch_events(self, source: EventSource) -> None:
-        """Queue events as they come (NVML's Xids, the logs'): a blocking source waits in a thread (1 s at
-        a time), the simulator's is polled when a fault was injected and once a metrics interval otherwise. While a
-        simulated crash or hang holds the agent, events wait in NVML's queue."""
+        """Queue events as they come (NVML's Xids, the logs'), and a log watcher's lines: a blocking source
+        waits in a thread (1 s at a time), the simulator's is polled when a fault was injected and once a
+        metrics interval otherwise. While a simulated crash or hang holds the agent, events wait in NVML's
+        queue."""
         while True:
             await self._running.wait()
-            if source.blocking:
-                events = await asyncio.to_thread(source.poll, 1000)
-            else:
-                events = source.poll(0)
-                if not events:
-                    self._events_wake.clear()
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self.options.metrics_interval_s):
-                            await self._events_wake.wait()
-                    continue
+            events = await asyncio.to_thread(source.poll, 1000) if source.blocking else source.poll(0)
+            lines = source.take_lines() if isinstance(source, LogWatcher) else []
             if events:
                 self.outbox.add_events(events)
+            if lines:
+                self.outbox.add_log_lines(lines)
+            if events or lines:
                 self._outbox_ready.set()
+            if not source.blocking and not events:
+                self._events_wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.options.metrics_interval_s):
+                        await self._events_wake.wait()
 
     async def _send_outbox(self, ws: ClientConnection) -> None:
         """Send what the outbox holds, events first, whenever something is queued."""

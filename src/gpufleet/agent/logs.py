@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpufleet.logs.classify import LogClassifier, LogEvent, normalize_pci
+from gpufleet.protocol.logs import MAX_LINE_CHARS, LogLine
 from gpufleet.protocol.metrics import NodeEvent
 
 log = logging.getLogger(__name__)
@@ -192,8 +193,9 @@ class LogWatcher:
             KmsgFollower(p, saved.get(str(p), Cursor())) if p == KMSG else FollowedFile(p, saved.get(str(p), Cursor()))
             for p in paths
         ]
-        self.classified: list[LogEvent] = []  # every event of the last poll, for whoever keeps them
+        self.classified: list[LogEvent] = []  # every event of the last poll
         self.lines_read = 0
+        self._lines: list[LogLine] = []  # every line read, for the head to keep (take_lines)
 
     def _load(self) -> dict[str, Cursor]:
         try:
@@ -224,11 +226,41 @@ class LogWatcher:
             before = asdict(followed.cursor)
             lines = followed.read_new(self._max_lines, self._max_backlog)
             self.lines_read += len(lines)
-            self.classified.extend(followed.classifier.feed(lines))
+            first = followed.classifier.line_no + 1  # the number the classifier gives lines[0]
+            events = list(followed.classifier.feed(lines))
+            self.classified.extend(events)
+            self._keep(str(followed.path), lines, {e.line_no - first: e for e in events})
             moved = moved or before != asdict(followed.cursor)
         if moved:
             self._save()
         return [e for e in (self._node_event(c) for c in self.classified) if e is not None]
+
+    def _keep(self, source: str, lines: list[str], events: dict[int, LogEvent]) -> None:
+        now = self._clock()
+        for index, text in enumerate(lines):
+            event = events.get(index)
+            if event is None:
+                self._lines.append(LogLine(ts=now, source=source, line=text[:MAX_LINE_CHARS]))
+                continue
+            self._lines.append(
+                LogLine(
+                    ts=event.time if event.time is not None else now,
+                    source=source,
+                    line=event.line[:MAX_LINE_CHARS],  # a multi-line message, whole, on its last line
+                    kind=event.kind,
+                    code=event.code,
+                    severity=event.severity,
+                    action=event.action,
+                    pci_bus=event.pci_bus,
+                    device=event.device[:64] if event.device else None,
+                    gpu=self._gpu_index(event.pci_bus) if event.pci_bus else None,
+                )
+            )
+
+    def take_lines(self) -> list[LogLine]:
+        """Every line read since the last call, events classified, for the head to keep and search."""
+        lines, self._lines = self._lines, []
+        return lines
 
     def poll(self, timeout_ms: int) -> list[NodeEvent]:
         """Events appended since the last poll; a blocking watcher waits up to `timeout_ms` for some."""

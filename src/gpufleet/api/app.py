@@ -26,6 +26,7 @@ from gpufleet.api.routers import (
     agent,
     audit_log,
     job_metrics,
+    logs,
     nodes,
     projects,
     prometheus_metrics,
@@ -95,6 +96,7 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     job_routes.reports,
     job_metrics.router,
     audit_log.router,
+    logs.router,
     users.router,
     projects.router,
     monitoring_routes.router,
@@ -141,7 +143,9 @@ def create_app(
         judge=judge,
         is_leader=lambda: loops.is_leader,
         on_alerts=notifications.submit,
-        retention=Retention(settings.metrics_raw_retention_s, settings.metrics_rollup_retention_s),
+        retention=Retention(
+            settings.metrics_raw_retention_s, settings.metrics_rollup_retention_s, settings.log_retention_s
+        ),
     )
     loops = HeadLoops(
         settings=settings,

@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import gzip
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gpufleet.cli.output import Format, OutputOpt, print_json
+from gpufleet.cli.output import Format, OutputOpt, print_json, table
+from gpufleet.cli.state import state
+from gpufleet.core.durations import parse_duration
 from gpufleet.core.errors import InvalidInput
 from gpufleet.logs.catalog import XidPolicy
 from gpufleet.logs.classify import LogEvent, classify_text
 
-app = typer.Typer(help="Kernel and driver logs: classify Xids, ECC, NVLink, InfiniBand and host faults.")
+app = typer.Typer(help="Kernel and driver logs: classify a file offline, search what the agents sent.")
+events_app = typer.Typer(
+    help="Events found in the nodes' logs: Xids, SXids, link and host faults.", no_args_is_help=True
+)
 
 
 def read_log(path: Path) -> str:
@@ -88,3 +93,83 @@ def classify(
     critical = sum(1 for e in events if e.severity == "critical")
     lines = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
     typer.echo(f"{len(events)} events ({critical} critical) in {lines} lines", err=True)
+
+
+def _search(
+    ctx: typer.Context,
+    words: list[str] | None,
+    node: str | None,
+    since: str | None,
+    severity: str | None,
+    kind: str | None,
+    limit: int,
+    output: Format,
+    *,
+    events: bool,
+) -> None:
+    start = datetime.now(UTC) - timedelta(seconds=parse_duration(since)) if since else None
+    rows = (
+        state(ctx)
+        .client()
+        .search_logs(
+            node=node,
+            since=start,
+            severity=severity,
+            kind=kind,
+            events=events or None,
+            q=" ".join(words) if words else None,
+            limit=limit,
+        )
+    )
+    if output is Format.json:
+        print_json(rows)
+        return
+    for row in rows:
+        row["where"] = row["pci_bus"] or row["device"]
+        row["what"] = f"{row['kind']} {row['code']}" if row["code"] is not None else row["kind"]
+    table(
+        rows,
+        [
+            ("at", "At"),
+            ("node", "Node"),
+            ("severity", "Severity"),
+            ("what", "Kind"),
+            ("where", "Where"),
+            ("line", "Line"),
+        ],
+    )
+
+
+SinceOpt = Annotated[str | None, typer.Option(help="how far back, e.g. 1h, 7d")]
+SeverityOpt = Annotated[str | None, typer.Option(help="at least: info, warning or critical")]
+
+
+@app.command("search")
+def search(
+    ctx: typer.Context,
+    words: Annotated[list[str] | None, typer.Argument(help="words that must all appear in the line")] = None,
+    node: Annotated[str | None, typer.Option(help="only this node")] = None,
+    since: SinceOpt = "1d",
+    severity: SeverityOpt = None,
+    kind: Annotated[str | None, typer.Option(help="only this kind of event: xid, sxid, ib_link, ...")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=5000)] = 200,
+    output: Format = OutputOpt,
+) -> None:
+    """Search the log lines the agents sent (newest first)."""
+    _search(ctx, words, node, since, severity, kind, limit, output, events=False)
+
+
+@events_app.command("list")
+def list_events(
+    ctx: typer.Context,
+    node: Annotated[str | None, typer.Option(help="only this node")] = None,
+    since: SinceOpt = "1d",
+    severity: SeverityOpt = None,
+    kind: Annotated[
+        str | None, typer.Option(help="xid, sxid, gpu_off_bus, ecc, nvlink, nic, ib_link, oom, ...")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=5000)] = 200,
+    output: Format = OutputOpt,
+) -> None:
+    """The events found in the nodes' logs (newest first)."""
+    _search(ctx, None, node, since, severity, kind, limit, output, events=True)

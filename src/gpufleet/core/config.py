@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     metrics_rollup_retention_s: float = Field(
         30 * 86_400.0, ge=3600, description="how long one-minute metric roll-ups are kept"
     )
+    log_retention_s: float = Field(
+        7 * 86_400.0, gt=0, description="how long the agents' log lines and their events are kept at the head"
+    )
     resume_after_healthy_samples: int = Field(
         3, ge=1, le=1000, description="healthy samples in a row before a node gpufleet drained is resumed"
     )

@@ -22,6 +22,7 @@ def metadata() -> MetaData:
     from gpufleet.core.db import Base
     from gpufleet.inventory import models as _inventory  # noqa: F401
     from gpufleet.jobs import models as _jobs  # noqa: F401
+    from gpufleet.logs import models as _logs  # noqa: F401
     from gpufleet.monitoring import models as _monitoring  # noqa: F401
 
     return Base.metadata

@@ -32,6 +32,7 @@ SUMMARY_METRICS = frozenset({"gpu_util", "power_w", "gpu_temp_c", "fb_used_mib",
 class Retention:
     raw_s: float = 86_400.0
     rollup_s: float = 30 * 86_400.0
+    logs_s: float = 7 * 86_400.0  # log lines and their events (gpufleet.logs.store)
 
 
 def _summary(entities: dict[str, dict[str, Any]]) -> str:

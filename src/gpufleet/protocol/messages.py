@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapte
 
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.jobs import JobAck, JobCancel, JobHeld, JobOutput, JobStart, JobUpdate
+from gpufleet.protocol.logs import LogLines
 from gpufleet.protocol.metrics import FaultCommand, NodeEvent, Sample
 
 NODE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -99,7 +100,7 @@ class FaultResult(BaseModel):
     message: Annotated[str, StringConstraints(max_length=512)] = ""
 
 
-AnyAgentMessage = Hello | Heartbeat | Metrics | Events | FaultResult | JobUpdate | JobOutput | JobHeld
+AnyAgentMessage = Hello | Heartbeat | Metrics | Events | LogLines | FaultResult | JobUpdate | JobOutput | JobHeld
 AgentMessage = Annotated[AnyAgentMessage, Field(discriminator="type")]
 agent_message_adapter: TypeAdapter[AnyAgentMessage] = TypeAdapter(AgentMessage)
 

@@ -30,17 +30,20 @@ from gpufleet.core.db import transaction
 from gpufleet.core.loops import run_periodic
 from gpufleet.inventory.liveness import Change
 from gpufleet.inventory.models import Node
+from gpufleet.logs import store as logs_store
 from gpufleet.monitoring import alerts, store
 from gpufleet.monitoring.health import HealthChange, HealthJudge
 from gpufleet.monitoring.models import Alert
 from gpufleet.monitoring.thresholds import Transition
 from gpufleet.monitoring.tracker import HealthTracker
+from gpufleet.protocol.logs import LogLine
 from gpufleet.protocol.metrics import NodeEvent, Sample
 from gpufleet.workers import rollup_process
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_BUFFERED_SAMPLES = 60_000  # a minute of 1,000 nodes at 1 s; beyond it, drop the oldest
+MAX_BUFFERED_LOG_LINES = 100_000
 FULL_PASS_EVERY = 20  # health passes: with 0.1 s passes, every node is judged at least every 2 s
 
 OnAlerts = Callable[[list[Alert]], None]
@@ -58,11 +61,13 @@ class MonitoringLoops:
     health_pass_s: float = 0.1
     rollup_every_s: float = 60.0
     _pending: list[tuple[int, Sample]] = field(default_factory=list)  # encoded on the flush thread
+    _pending_lines: list[tuple[int, LogLine]] = field(default_factory=list)
     _liveness: list[Change] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _passes: int = 0
     dropped_rows: int = 0
     stored_rows: int = 0
+    dropped_lines: int = 0
 
     @property
     def tracker(self) -> HealthTracker:
@@ -79,6 +84,15 @@ class MonitoringLoops:
                 self.dropped_rows += excess
         self.tracker.add_samples(node_id, samples, self.clock.now())
 
+    def log_lines(self, node_id: int, lines: list[LogLine]) -> None:
+        """Keep a node's log lines for the next flush (event loop; no I/O)."""
+        with self._lock:
+            self._pending_lines.extend((node_id, line) for line in lines)
+            excess = len(self._pending_lines) - MAX_BUFFERED_LOG_LINES
+            if excess > 0:
+                del self._pending_lines[:excess]
+                self.dropped_lines += excess
+
     def events(self, node_id: int, events: list[NodeEvent]) -> None:
         for event in events:
             if event.kind == "collector_failed":
@@ -91,6 +105,7 @@ class MonitoringLoops:
 
     # -- one pass of each loop (what the tests call) ------------------------------------------------
     def flush_metrics_once(self) -> int:
+        self.flush_log_lines_once()
         with self._lock:
             pending, self._pending = self._pending, []
         rows = [row for node_id, sample in pending for row in store.sample_rows(node_id, [sample])]
@@ -106,6 +121,23 @@ class MonitoringLoops:
                 rows = [r for r in rows if r["node_id"] in alive]
                 store.write_rows(session, rows)
         self.stored_rows += len(rows)
+        return len(rows)
+
+    def flush_log_lines_once(self) -> int:
+        """Write the buffered log lines in one batch; those of nodes removed meanwhile are dropped."""
+        with self._lock:
+            pending, self._pending_lines = self._pending_lines, []
+        rows = [line.model_dump() | {"node_id": node_id} for node_id, line in pending]
+        if not rows:
+            return 0
+        try:
+            with transaction(self.sessions) as session:
+                logs_store.write_records(session, rows)
+        except IntegrityError:
+            with transaction(self.sessions) as session:
+                alive = set(session.scalars(select(Node.id)))
+                rows = [r for r in rows if r["node_id"] in alive]
+                logs_store.write_records(session, rows)
         return len(rows)
 
     def health_once(self, full: bool = False) -> list[HealthChange]:
@@ -201,6 +233,7 @@ class MonitoringLoops:
             store.write_rollups(session, rows)
             store.write_fleet_rollups(session, fleet)
             store.prune(session, now, self.retention)
+            logs_store.prune(session, now - self.retention.logs_s)
         return len(rows)
 
     # -- the loops ----------------------------------------------------------------------------------

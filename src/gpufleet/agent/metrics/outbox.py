@@ -1,4 +1,5 @@
-"""What waits to go to the head: samples and events, bounded, packed into channel messages under the size limit.
+"""What waits to go to the head: samples, events and log lines, bounded, packed into channel messages under
+the size limit.
 
 Samples are kept serialised (about 12 KB each for 8 GPUs): the simulator holds a backlog for a
 thousand nodes in one process, and a pydantic object costs several times its JSON. While the head is
@@ -16,12 +17,14 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from gpufleet.protocol.logs import LogLine, LogLines
 from gpufleet.protocol.messages import MAX_CHANNEL_MESSAGE_BYTES, Events, Metrics
 from gpufleet.protocol.metrics import EntityValues, NodeEvent, Sample
 
 # The envelopes around the items, exactly as Metrics and Events serialise (a test holds them to it).
 _METRICS_HEAD = '{"type":"metrics","samples":['
 _EVENTS_HEAD = '{"type":"events","events":['
+_LOGS_HEAD = '{"type":"logs","lines":['
 _TAIL = "]}"
 
 
@@ -35,13 +38,15 @@ def _max_length(model: type[BaseModel], name: str) -> int:
 
 MAX_SAMPLES_PER_MESSAGE = _max_length(Metrics, "samples")
 MAX_EVENTS_PER_MESSAGE = _max_length(Events, "events")
+MAX_LINES_PER_MESSAGE = _max_length(LogLines, "lines")
+Kind = Literal["events", "metrics", "logs"]
 
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     """One channel message ready to send: its JSON, and the last queued item it carries."""
 
-    kind: Literal["events", "metrics"]
+    kind: Kind
     text: str
     upto: int
     count: int
@@ -61,16 +66,23 @@ class Outbox:
     """
 
     def __init__(
-        self, max_samples: int = 60, max_events: int = 256, limit_bytes: int = MAX_CHANNEL_MESSAGE_BYTES
+        self,
+        max_samples: int = 60,
+        max_events: int = 256,
+        limit_bytes: int = MAX_CHANNEL_MESSAGE_BYTES,
+        max_log_lines: int = 2000,
     ) -> None:
         self.max_samples = max_samples
         self.max_events = max_events
+        self.max_log_lines = max_log_lines
         self.limit_bytes = limit_bytes
         self._samples: deque[_Item] = deque()
         self._events: deque[_Item] = deque()
+        self._logs: deque[_Item] = deque()
         self._seq = 0
         self.dropped_samples = 0
         self.dropped_events = 0
+        self.dropped_log_lines = 0
 
     @property
     def pending(self) -> tuple[int, int]:
@@ -94,17 +106,29 @@ class Outbox:
             self._events.popleft()
             self.dropped_events += 1
 
+    def add_log_lines(self, lines: Iterable[LogLine]) -> None:
+        """Queue log lines in the order read; past `max_log_lines` the oldest go first (their events, the
+        ones health acts on, travel separately as events)."""
+        for line in lines:
+            self._logs.append(self._item(line.model_dump_json()))
+        while len(self._logs) > self.max_log_lines:
+            self._logs.popleft()
+            self.dropped_log_lines += 1
+
     def next_message(self) -> Outgoing | None:
-        """The next message to send (events first), or None when nothing waits. It stays queued until `sent`."""
+        """The next message to send (events, then samples, then log lines), or None when nothing waits.
+        It stays queued until `sent`."""
         if self._events:
             return self._pack("events", _EVENTS_HEAD, self._events, MAX_EVENTS_PER_MESSAGE)
         if self._samples:
             return self._pack("metrics", _METRICS_HEAD, self._samples, MAX_SAMPLES_PER_MESSAGE)
+        if self._logs:
+            return self._pack("logs", _LOGS_HEAD, self._logs, MAX_LINES_PER_MESSAGE)
         return None
 
     def sent(self, message: Outgoing) -> None:
         """Drop what `message` carried (whatever of it is still queued)."""
-        queue = self._events if message.kind == "events" else self._samples
+        queue = {"events": self._events, "metrics": self._samples, "logs": self._logs}[message.kind]
         while queue and queue[0].seq <= message.upto:
             queue.popleft()
 
@@ -112,6 +136,7 @@ class Outbox:
         """Forget everything queued (a simulated crash loses what the node had not sent)."""
         self._samples.clear()
         self._events.clear()
+        self._logs.clear()
 
     def _item(self, text: str) -> _Item:
         self._seq += 1
@@ -120,7 +145,7 @@ class Outbox:
     def _budget(self, head: str) -> int:
         return self.limit_bytes - len(head) - len(_TAIL)
 
-    def _pack(self, kind: Literal["events", "metrics"], head: str, queue: deque[_Item], most: int) -> Outgoing:
+    def _pack(self, kind: Kind, head: str, queue: deque[_Item], most: int) -> Outgoing:
         """As many queued items, oldest first, as fit in one message."""
         budget = self._budget(head)
         texts: list[str] = []

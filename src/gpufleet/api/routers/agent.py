@@ -23,6 +23,7 @@ from gpufleet.inventory import service as inventory
 from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.jobs import JobAck, JobCancel, JobHeld, JobOutput, JobUpdate
+from gpufleet.protocol.logs import LogLines
 from gpufleet.protocol.messages import (
     CLOSE_BAD_MESSAGE,
     CLOSE_TOO_LARGE,
@@ -170,6 +171,8 @@ async def _serve(ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None
             ctx.monitoring.ingest(chan.node_id, message.samples)
         elif isinstance(message, Events):
             ctx.monitoring.events(chan.node_id, message.events)
+        elif isinstance(message, LogLines):
+            ctx.monitoring.log_lines(chan.node_id, message.lines)
         elif isinstance(message, JobOutput | JobUpdate | JobHeld):
             await _job_message(ctx, chan, message)
 

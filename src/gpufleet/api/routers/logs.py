@@ -1,0 +1,80 @@
+"""Searching the log lines agents sent, and the events among them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel
+
+from gpufleet.api.deps import Ctx, allow, tx
+from gpufleet.auth.policy import Permission
+from gpufleet.auth.schemas import Principal
+from gpufleet.core.errors import InvalidInput
+from gpufleet.logs import store
+
+router = APIRouter(prefix="/logs", tags=["logs"])
+
+
+class LogLineOut(BaseModel):
+    id: int
+    node: str
+    at: datetime
+    source: str
+    line: str
+    kind: str | None
+    code: int | None
+    severity: str | None
+    action: str | None
+    pci_bus: str | None
+    device: str | None
+    gpu: int | None
+
+
+@router.get("")
+def search_logs(
+    _: Annotated[Principal, allow(Permission.NODES_READ)],
+    ctx: Ctx,
+    node: Annotated[str | None, Query(max_length=64)] = None,
+    since: Annotated[datetime | None, Query(description="only lines at or after this time (ISO 8601)")] = None,
+    until: Annotated[datetime | None, Query(description="only lines before this time (ISO 8601)")] = None,
+    severity: Annotated[str | None, Query(pattern="^(info|warning|critical)$", description="at least")] = None,
+    kind: Annotated[str | None, Query(max_length=32, description="xid, sxid, gpu_off_bus, ib_link, ...")] = None,
+    events: Annotated[bool, Query(description="only lines the agents classified as events")] = False,
+    q: Annotated[str | None, Query(max_length=256, description="words that must all appear")] = None,
+    limit: Annotated[int, Query(ge=1, le=store.MAX_RESULTS)] = 500,
+) -> list[LogLineOut]:
+    """Newest first."""
+    try:
+        with tx(ctx, readonly=True) as db:
+            found = store.search(
+                db,
+                node=node,
+                since=since.timestamp() if since else None,
+                until=until.timestamp() if until else None,
+                min_severity=severity,
+                kind=kind,
+                events_only=events,
+                text_query=q,
+                limit=limit,
+            )
+            return [
+                LogLineOut(
+                    id=r.id,
+                    node=name,
+                    at=datetime.fromtimestamp(r.ts, UTC),
+                    source=r.source,
+                    line=r.line,
+                    kind=r.kind,
+                    code=r.code,
+                    severity=r.severity,
+                    action=r.action,
+                    pci_bus=r.pci_bus,
+                    device=r.device,
+                    gpu=r.gpu,
+                )
+                for r, name in found
+            ]
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
