@@ -20,7 +20,7 @@ XID79_GPU2 = (
 
 
 @pytest.fixture
-def fast_head(tmp_path: Path) -> Iterator[Head]:
+def fast_head(heavy: None, tmp_path: Path) -> Iterator[Head]:
     head = Head(tmp_path, env=FAST).start()
     yield head
     head.kill(signal.SIGTERM)

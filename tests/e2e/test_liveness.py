@@ -17,7 +17,7 @@ def _states(head: Head) -> dict[str, str]:
     return {n["name"]: n["state"] for n in head.nodes()}
 
 
-def test_200_nodes_up_in_30s_and_down_in_5s_after_sigkill(head: Head, tmp_path: Path) -> None:
+def test_200_nodes_up_in_30s_and_down_in_5s_after_sigkill(heavy: None, head: Head, tmp_path: Path) -> None:
     sim = start_sim(tmp_path, head.url, head.join_token(200), 200)
     try:
         took = wait_for(lambda: list(_states(head).values()).count("up") == 200, timeout=30, interval=0.5)

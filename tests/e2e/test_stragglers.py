@@ -16,7 +16,7 @@ FAST = {"GPUFLEET_METRICS_INTERVAL_S": "0.5"}
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Head]:
+def cluster(heavy: None, tmp_path: Path) -> Iterator[Head]:
     head = Head(tmp_path, env=FAST).start()
     sim = start_sim(tmp_path, head.url, head.join_token(2), 2, env=FAST)
     try:
