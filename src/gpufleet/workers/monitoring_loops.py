@@ -109,35 +109,30 @@ class MonitoringLoops:
         with self._lock:
             pending, self._pending = self._pending, []
         rows = [row for node_id, sample in pending for row in store.sample_rows(node_id, [sample])]
-        if not rows:
-            return 0
-        try:
-            with transaction(self.sessions) as session:
-                store.write_rows(session, rows)
-        except IntegrityError:
-            # A node was removed while its samples waited here: keep the others.
-            with transaction(self.sessions) as session:
-                alive = set(session.scalars(select(Node.id)))
-                rows = [r for r in rows if r["node_id"] in alive]
-                store.write_rows(session, rows)
-        self.stored_rows += len(rows)
-        return len(rows)
+        written = self._write_batch(rows, store.write_rows)
+        self.stored_rows += written
+        return written
 
     def flush_log_lines_once(self) -> int:
         """Write the buffered log lines in one batch; those of nodes removed meanwhile are dropped."""
         with self._lock:
             pending, self._pending_lines = self._pending_lines, []
         rows = [line.model_dump() | {"node_id": node_id} for node_id, line in pending]
+        return self._write_batch(rows, logs_store.write_records)
+
+    def _write_batch(self, rows: list[dict[str, Any]], write: Callable[[Session, list[dict[str, Any]]], None]) -> int:
+        """Write `rows` (each with a node_id) in one transaction. A node removed while its rows waited
+        here fails the batch on its foreign key: then the others are written without it."""
         if not rows:
             return 0
         try:
             with transaction(self.sessions) as session:
-                logs_store.write_records(session, rows)
+                write(session, rows)
         except IntegrityError:
             with transaction(self.sessions) as session:
                 alive = set(session.scalars(select(Node.id)))
                 rows = [r for r in rows if r["node_id"] in alive]
-                logs_store.write_records(session, rows)
+                write(session, rows)
         return len(rows)
 
     def health_once(self, full: bool = False) -> list[HealthChange]:
