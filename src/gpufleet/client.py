@@ -140,6 +140,11 @@ class HeadClient:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/logs", params=params)
         return result
 
+    def log_templates(self, category: str | None = None, new: bool = False) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"new": new} | ({"category": category} if category is not None else {})
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/logs/templates", params=params)
+        return result
+
     def create_user_token(self, user: str, expires_in_s: int, scope: str) -> dict[str, Any]:
         body = {"user": user, "expires_in_s": expires_in_s, "scope": scope}
         result: dict[str, Any] = self._call("POST", "/api/v1/tokens/user", json=body)

@@ -54,6 +54,18 @@ def test_lines_sent_on_the_channel_are_stored_and_searchable(client: TestClient)
     assert client.get("/api/v1/logs", params={"severity": "loud"}).status_code == 422
     assert client.get("/api/v1/logs", params={"limit": 0}).status_code == 422
 
+    # The leader mines them: both are templates its first day learns (no new-template events yet).
+    client.app.state.ctx.loops.lead_once()  # type: ignore[attr-defined]
+    assert monitoring.mine_templates_once() == 2
+    templates = client.get("/api/v1/logs/templates").json()
+    assert sorted((t["category"], t["count"], t["first_node"], t["learned"]) for t in templates) == [
+        ("", 1, "n1", True),
+        ("", 1, "n1", True),
+    ]
+    assert any("<PCI>" in t["template"] for t in templates)
+    assert client.get("/api/v1/logs/templates", params={"new": True}).json() == []
+    assert client.get("/api/v1/logs/templates", params={"category": "h200"}).json() == []
+
 
 def test_a_malformed_logs_message_closes_the_channel_and_stores_nothing(client: TestClient) -> None:
     monitoring = client.app.state.ctx.monitoring  # type: ignore[attr-defined]

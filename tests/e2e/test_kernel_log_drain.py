@@ -1,6 +1,7 @@
 """Issue 8's must-show, with real processes: an Xid 79 line written into a simulated node's kernel
 log is read by its agent, classified, and drains the node, naming the GPU at that PCI address; the
-line and its event are kept at the head, listed and searchable."""
+line and its event are kept at the head, listed and searchable; the leader mines both lines into
+templates, and the ordinary one, a template never seen, becomes an event of its own."""
 
 import signal
 from collections.abc import Iterator
@@ -12,7 +13,11 @@ import pytest
 from tests.e2e.conftest import Head, cli_json, run_cli, start_sim, wait_for
 
 pytestmark = pytest.mark.e2e
-FAST = {"GPUFLEET_METRICS_INTERVAL_S": "0.5"}
+FAST = {
+    "GPUFLEET_METRICS_INTERVAL_S": "0.5",
+    "GPUFLEET_LOG_TEMPLATE_LEARNING_S": "0",  # no learning day: every new template is an event
+    "GPUFLEET_LOG_TEMPLATE_PASS_S": "0.5",
+}
 # GPU 2 of a simulated HGX node sits at bus 3A (sim/nvml.py); the line is a real Xid 79 capture's.
 XID79_GPU2 = (
     "[6781741.548779] NVRM: Xid (PCI:0000:3a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -47,12 +52,18 @@ def test_an_xid79_line_in_the_kernel_log_drains_the_node(fast_head: Head, tmp_pa
 
         # Kept at the head and searchable: the event, and the ordinary line beside it.
         wait_for(lambda: len(head.api("GET", "/api/v1/logs", params={"node": "sim001"})) == 2, 10)
-        events = cli_json(tmp_path, head.url, "events", "list", "--node", "sim001")
+        events = cli_json(tmp_path, head.url, "events", "list", "--node", "sim001", "--kind", "xid")
         assert [(e["kind"], e["code"], e["gpu"], e["severity"], e["line"]) for e in events] == [
             ("xid", 79, 2, "critical", XID79_GPU2)
         ]
+        wait_for(lambda: len(cli_json(tmp_path, head.url, "logs", "templates", "--new")) == 2, 15)
+        templates = cli_json(tmp_path, head.url, "logs", "templates", "--category", "")
+        assert {(t["first_node"], t["count"]) for t in templates} == {("sim001", 1)}
+        assert any(
+            t["template"] == "IPv<NUM>: ADDRCONF(NETDEV_CHANGE): eth<NUM>: link becomes ready" for t in templates
+        )
         found = cli_json(tmp_path, head.url, "logs", "search", "link", "ready")
-        assert [(f["node"], f["kind"]) for f in found] == [("sim001", None)]
+        assert [(f["node"], f["kind"], f["severity"]) for f in found] == [("sim001", "log_template", "info")]
         shown = run_cli(tmp_path, "events", "list", "--severity", "critical", server=head.url)
         assert shown.returncode == 0, shown.stderr
         assert "xid 79" in shown.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.core.clock import FakeClock
@@ -10,6 +11,7 @@ from gpufleet.core.db import transaction
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.logs import store
+from gpufleet.logs.models import LogTemplate
 
 T0 = 1_800_000_000.0
 XID79 = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -80,3 +82,24 @@ def test_retention_prunes_old_records_and_their_index(logged: sessionmaker[Sessi
         store.prune(s, before=T0 + 2)
     assert found(logged) == [("n2", 3), ("n2", 2)]
     assert found(logged, text_query="fallen") == []
+
+
+def test_retention_prunes_templates_not_seen_since(logged: sessionmaker[Session]) -> None:
+    with transaction(logged) as s:
+        for template_id, last_seen in ((1, T0), (2, T0 + 5)):
+            s.add(
+                LogTemplate(
+                    category="",
+                    template_id=template_id,
+                    template=f"t{template_id}",
+                    first_seen=T0,
+                    first_node_id=None,
+                    last_seen=last_seen,
+                    count=1,
+                    learned=True,
+                )
+            )
+    with transaction(logged) as s:
+        store.prune(s, before=T0 + 2)
+    with transaction(logged, readonly=True) as s:
+        assert [t.template_id for t in s.scalars(select(LogTemplate))] == [2]

@@ -54,6 +54,7 @@ from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import ConfigError
 from gpufleet.jobs.workload import build as build_workload
+from gpufleet.logs.mining import MiningSettings, TemplateMining
 from gpufleet.monitoring.dispatch import Notifications
 from gpufleet.monitoring.health import HealthJudge
 from gpufleet.monitoring.store import Retention
@@ -146,6 +147,15 @@ def create_app(
         retention=Retention(
             settings.metrics_raw_retention_s, settings.metrics_rollup_retention_s, settings.log_retention_s
         ),
+        mining=TemplateMining(
+            MiningSettings(
+                settings.log_template_learning_s,
+                settings.log_template_window_s,
+                settings.log_template_burst_factor,
+                settings.log_template_burst_min,
+            )
+        ),
+        template_pass_s=settings.log_template_pass_s,
     )
     loops = HeadLoops(
         settings=settings,

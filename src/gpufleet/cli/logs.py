@@ -159,6 +159,35 @@ def search(
     _search(ctx, words, node, since, severity, kind, limit, output, events=False)
 
 
+@app.command("templates")
+def templates(
+    ctx: typer.Context,
+    category: Annotated[str | None, typer.Option(help="only this node category")] = None,
+    new: Annotated[bool, typer.Option("--new", help="only templates found after the category's learning")] = False,
+    output: Format = OutputOpt,
+) -> None:
+    """The log templates mined from each node category's lines (most recently seen first)."""
+    rows = state(ctx).client().log_templates(category, new)
+    if output is Format.json:
+        print_json(rows)
+        return
+    for row in rows:
+        row["category"] = row["category"] or "-"
+        row["since"] = "learned" if row["learned"] else row["first_seen"]
+    table(
+        rows,
+        [
+            ("category", "Category"),
+            ("template_id", "Id"),
+            ("count", "Lines"),
+            ("since", "First seen"),
+            ("first_node", "First on"),
+            ("last_seen", "Last seen"),
+            ("template", "Template"),
+        ],
+    )
+
+
 @events_app.command("list")
 def list_events(
     ctx: typer.Context,

@@ -67,6 +67,15 @@ class Settings(BaseSettings):
     log_retention_s: float = Field(
         7 * 86_400.0, gt=0, description="how long the agents' log lines and their events are kept at the head"
     )
+    log_template_learning_s: float = Field(
+        86_400.0, ge=0, description="a node category's first lines only teach the template miner for this long"
+    )
+    log_template_window_s: float = Field(60.0, ge=1, le=3600, description="window of log template rates")
+    log_template_burst_factor: float = Field(
+        10.0, gt=1, description="a template written this many times its usual rate in a window is a burst"
+    )
+    log_template_burst_min: int = Field(50, ge=1, description="... and at least this many times")
+    log_template_pass_s: float = Field(5.0, gt=0, le=600, description="how often the leader mines new log lines")
     resume_after_healthy_samples: int = Field(
         3, ge=1, le=1000, description="healthy samples in a row before a node gpufleet drained is resumed"
     )

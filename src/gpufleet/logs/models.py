@@ -7,7 +7,7 @@ by migration 0011, beside this table. Times are Unix seconds.
 
 from __future__ import annotations
 
-from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import Float, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gpufleet.core.db import Base
@@ -35,3 +35,32 @@ class LogRecord(Base):
     pci_bus: Mapped[str | None] = mapped_column(String(16))
     device: Mapped[str | None] = mapped_column(String(64))
     gpu: Mapped[int | None] = mapped_column(Integer)
+
+
+class LogTemplate(Base):
+    """A template mined from a node category's lines (see `templates`): when it was first and last seen."""
+
+    __tablename__ = "log_templates"
+    __table_args__ = (UniqueConstraint("category", "template_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    category: Mapped[str] = mapped_column(String(64))  # "" for nodes without a category
+    template_id: Mapped[int] = mapped_column(Integer)  # drain3's cluster id within the category
+    template: Mapped[str] = mapped_column(Text)
+    first_seen: Mapped[float] = mapped_column(Float)
+    first_node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="SET NULL"))
+    last_seen: Mapped[float] = mapped_column(Float)
+    count: Mapped[int] = mapped_column(Integer)
+    learned: Mapped[bool] = mapped_column(default=False)  # first seen while the category was learning
+
+
+class LogMiner(Base):
+    """A category's drain3 state and template rates, and how far the miner has read `log_records`."""
+
+    __tablename__ = "log_miners"
+
+    category: Mapped[str] = mapped_column(String(64), primary_key=True)
+    started_at: Mapped[float] = mapped_column(Float)  # learning lasts log_template_learning_s from here
+    cursor: Mapped[int] = mapped_column(Integer)  # the last log_records.id mined
+    state: Mapped[bytes] = mapped_column(LargeBinary)
+    rates: Mapped[str] = mapped_column(Text)

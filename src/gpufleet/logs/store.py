@@ -14,7 +14,7 @@ from sqlalchemy import delete, func, insert, select, text
 from sqlalchemy.orm import Session
 
 from gpufleet.inventory.models import Node
-from gpufleet.logs.models import LogRecord
+from gpufleet.logs.models import LogRecord, LogTemplate
 
 SEVERITIES = ("info", "warning", "critical")
 _FTS5_MATCH = "SELECT rowid FROM log_records_fts WHERE log_records_fts MATCH :q"  # models.FTS_TABLE
@@ -28,7 +28,10 @@ def write_records(session: Session, rows: Sequence[dict[str, Any]]) -> None:
 
 
 def prune(session: Session, before: float) -> None:
+    """Lines older than `before`, and templates last seen before it (drain3 may still hold them: seen
+    again, they get a fresh row, counted from then)."""
     session.execute(delete(LogRecord).where(LogRecord.ts < before))
+    session.execute(delete(LogTemplate).where(LogTemplate.last_seen < before))
 
 
 def _fts5_query(words: str) -> str:

@@ -7,7 +7,9 @@ can never delay a heartbeat flush:
 - every `metrics_flush_s`, buffered samples are written in one batch;
 - every `health_pass_s`, nodes with news are judged (an Xid is judged within this, not at the next
   sample); every few seconds all of this replica's nodes are, so stale metrics are noticed too;
-- the leader rolls samples up and prunes old ones every minute, aggregating in a process of its own.
+- the leader rolls samples up and prunes old ones every minute, aggregating in a process of its own;
+- the leader mines the stored log lines for templates every `template_pass_s` (logs.mining), on the
+  roll-up's thread, and fires `LogTemplateBurst` when a template bursts.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from gpufleet.core.loops import run_periodic
 from gpufleet.inventory.liveness import Change
 from gpufleet.inventory.models import Node
 from gpufleet.logs import store as logs_store
+from gpufleet.logs.mining import CategoryBurst, TemplateMining
 from gpufleet.monitoring import alerts, store
 from gpufleet.monitoring.health import HealthChange, HealthJudge
 from gpufleet.monitoring.models import Alert
@@ -60,6 +63,8 @@ class MonitoringLoops:
     metrics_flush_s: float = 1.0
     health_pass_s: float = 0.1
     rollup_every_s: float = 60.0
+    mining: TemplateMining | None = None
+    template_pass_s: float = 5.0
     _pending: list[tuple[int, Sample]] = field(default_factory=list)  # encoded on the flush thread
     _pending_lines: list[tuple[int, LogLine]] = field(default_factory=list)
     _liveness: list[Change] = field(default_factory=list)
@@ -231,6 +236,52 @@ class MonitoringLoops:
             logs_store.prune(session, now - self.retention.logs_s)
         return len(rows)
 
+    def mine_templates_once(self) -> int:
+        """One template-mining pass (leader only); returns the lines mined."""
+        if self.mining is None or not self.is_leader():
+            return 0
+        now = self.clock.now()
+        fired: list[Alert] = []
+        try:
+            with transaction(self.sessions, readonly=True) as session:
+                rows = self.mining.read(session)
+            result = self.mining.mine(rows, now)
+            if rows or result.touched:
+                with transaction(self.sessions) as session:
+                    self.mining.write(session, result)
+                    fired = [a for b in result.bursts if (a := self._burst_alert(session, b)) is not None]
+        except Exception:
+            self.mining.forget()  # memory may be ahead of the database: reload next pass
+            raise
+        if result.new_templates:
+            log.info("%d new log templates", result.new_templates)
+        if fired:
+            self.on_alerts(fired)
+        return len(rows)
+
+    def _burst_alert(self, session: Session, found: CategoryBurst) -> Alert | None:
+        burst = found.burst
+        node = session.get(Node, burst.top_node)
+        name = node.name if node is not None else f"node {burst.top_node}"
+        entity = f"template {found.category or '-'}/{burst.template_id}"
+        if not burst.firing:
+            return alerts.resolve(session, self.clock, "LogTemplateBurst", name, None, entity)
+        window = self.mining.settings.window_s if self.mining else 60.0
+        summary = (
+            f"log template written {burst.count} times in {window:g} s (usually {burst.baseline:.1f}),"
+            f" {burst.top_count} of them on {name}: {found.template}"
+        )
+        return alerts.fire(
+            session,
+            self.clock,
+            "LogTemplateBurst",
+            burst.top_node if node else None,
+            name,
+            summary[:512],
+            severity="warning",
+            entity=entity,
+        )
+
     # -- the loops ----------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="monitoring")
@@ -267,11 +318,15 @@ class MonitoringLoops:
                 raise
             await loop.run_in_executor(slow, self.write_rollups, rows, fleet, now)
 
+        async def template_step() -> None:
+            await asyncio.get_running_loop().run_in_executor(slow, self.mine_templates_once)
+
         try:
             await asyncio.gather(
                 run_periodic("metrics-flush", self.metrics_flush_s, flush_step, stop),
                 run_periodic("health", self.health_pass_s, health_step, stop),
                 run_periodic("metrics-rollup", self.rollup_every_s, rollup_step, stop),
+                run_periodic("log-templates", self.template_pass_s, template_step, stop),
             )
         finally:
             try:

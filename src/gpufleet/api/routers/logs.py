@@ -7,12 +7,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
+from sqlalchemy import select
 
 from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.core.errors import InvalidInput
-from gpufleet.logs import store
+from gpufleet.inventory.models import Node
+from gpufleet.logs import mining, store
 
 router = APIRouter(prefix="/logs", tags=["logs"])
 
@@ -30,6 +32,42 @@ class LogLineOut(BaseModel):
     pci_bus: str | None
     device: str | None
     gpu: int | None
+
+
+class LogTemplateOut(BaseModel):
+    category: str
+    template_id: int
+    template: str
+    count: int
+    first_seen: datetime
+    first_node: str | None
+    last_seen: datetime
+    learned: bool  # first seen while its category was learning, so not announced as an event
+
+
+@router.get("/templates")
+def list_templates(
+    _: Annotated[Principal, allow(Permission.NODES_READ)],
+    ctx: Ctx,
+    category: Annotated[str | None, Query(max_length=64, description='a node category; "" for none')] = None,
+    new: Annotated[bool, Query(description="only templates found after their category's learning")] = False,
+) -> list[LogTemplateOut]:
+    """The log templates mined per node category, most recently seen first."""
+    with tx(ctx, readonly=True) as db:
+        names = dict(db.execute(select(Node.id, Node.name)).tuples().all())
+        return [
+            LogTemplateOut(
+                category=t.category,
+                template_id=t.template_id,
+                template=t.template,
+                count=t.count,
+                first_seen=datetime.fromtimestamp(t.first_seen, UTC),
+                first_node=names.get(t.first_node_id) if t.first_node_id is not None else None,
+                last_seen=datetime.fromtimestamp(t.last_seen, UTC),
+                learned=t.learned,
+            )
+            for t in mining.templates(db, category, new)
+        ]
 
 
 @router.get("")
