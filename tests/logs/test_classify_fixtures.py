@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.logs.classify import LogClassifier, LogEvent, classify_text
+from gpufleet.logs.classify import EVENT_KINDS, LogClassifier, LogEvent, classify_text
 
 LOGS = Path(__file__).parents[1] / "fixtures" / "kernel-logs"
 
@@ -109,7 +109,9 @@ def test_every_real_log_is_covered() -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_each_real_log_gives_exactly_the_hand_checked_events(name: str) -> None:
     text = (LOGS / name).read_text(errors="replace")
-    assert _seen(classify_text(text, year=2025)) == EXPECTED[name]
+    events = classify_text(text, year=2025)
+    assert _seen(events) == EXPECTED[name]
+    assert {e.kind for e in events} <= set(EVENT_KINDS)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpufleet.logs.catalog import REMOVING, XidPolicy, xid_table
-from gpufleet.logs.classify import LogEvent, classify_text, normalize_pci
+from gpufleet.logs.classify import EVENT_KINDS, LogEvent, classify_text, normalize_pci
 from gpufleet.logs.framing import frame
 
 
@@ -119,6 +119,7 @@ def test_a_year_less_syslog_date_in_the_future_is_last_year() -> None:
 def test_host_network_and_switch_events(line: str, kind: str, action: str, where: str | None) -> None:
     event = one(line)
     assert (event.kind, event.action, event.pci_bus or event.device) == (kind, action, where)
+    assert event.kind in EVENT_KINDS  # the list the dashboard offers as filters
 
 
 @pytest.mark.parametrize(

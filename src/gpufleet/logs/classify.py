@@ -77,10 +77,13 @@ _RECOVERY_ACTIONS: dict[str, Action] = {
     "drain p2p": "drain",
 }
 
+# Every kind of event the recognisers below give (the dashboard's kind filter lists them).
+EVENT_KINDS = ("xid", "sxid", "gpu_off_bus", "nvlink", "ecc", "gpu_reset", "nic", "ib_link", "oom", "hung_task", "mce")
+
 
 @dataclass
 class LogEvent:
-    kind: str  # xid | sxid | gpu_off_bus | nvlink | ecc | gpu_reset | nic | ib_link | oom | hung_task | mce
+    kind: str  # one of EVENT_KINDS
     severity: Severity
     action: Action
     line: str

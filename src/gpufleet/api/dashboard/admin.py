@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 from sqlalchemy import func, select
 
-from gpufleet.api.dashboard.pages import View, render
+from gpufleet.api.dashboard.pages import INPUT_TIME, View, query_time, render
 from gpufleet.api.deps import Ctx
 from gpufleet.auth import audit, projects, users
 from gpufleet.auth.audit import AuditRecord
@@ -37,24 +37,11 @@ MAX_PAGE = 100_000
 RESULTS: dict[str, tuple[int, int]] = {"ok": (100, 399), "refused": (400, 499), "failed": (500, 599)}
 _STATUS = re.compile(r"^[1-5][0-9]{2}$")
 _PAGE = re.compile(r"^[0-9]{1,6}$")
-INPUT_TIME = "%Y-%m-%dT%H:%M:%S"
 
 
 def result_class(status: int) -> str:
     """ok, refused or failed: what a status code means for the audit log."""
     return next((name for name, (low, high) in RESULTS.items() if low <= status <= high), "failed")
-
-
-def _time(query: dict[str, str], key: str) -> datetime | None:
-    """An ISO 8601 time from the query (a date, or a date and time; without a zone it is UTC)."""
-    text = query.get(key)
-    if text is None:
-        return None
-    try:
-        at = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise InvalidInput(f"{key} must be a time like 2025-01-31T13:45 (UTC), not {text!r}") from None
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
 
 
 def _page(query: dict[str, str]) -> int:
@@ -86,7 +73,7 @@ def audit_page(view: View) -> AuditPage:
     """The records matching the query's filters, newest first, one page of them. Raises InvalidInput."""
     query = view.query
     page = _page(query)
-    since, until = _time(query, "since"), _time(query, "until")
+    since, until = query_time(query, "since"), query_time(query, "until")
     if since is not None and until is not None and until < since:
         raise InvalidInput("until is before since")
     actor = query.get("actor")
@@ -110,7 +97,7 @@ def audit_page(view: View) -> AuditPage:
 
 def audit_view(view: View) -> dict[str, Any]:
     found = audit_page(view)
-    since, until = _time(view.query, "since"), _time(view.query, "until")
+    since, until = query_time(view.query, "since"), query_time(view.query, "until")
     return {
         "records": found.records,
         "page_no": found.page,  # not "page": that names the page in the navigation

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import Request
@@ -31,8 +32,9 @@ from gpufleet.api.templates import TEMPLATES
 from gpufleet.auth import service as auth
 from gpufleet.auth.policy import Permission, allowed
 from gpufleet.auth.schemas import Principal
-from gpufleet.core.errors import GpufleetError
+from gpufleet.core.errors import GpufleetError, InvalidInput
 
+INPUT_TIME = "%Y-%m-%dT%H:%M:%S"  # what a datetime-local field shows (no zone: pages are in UTC)
 REFRESH_S = 5  # how often a page's live part is fetched again (the issue allows at most 5 s)
 
 
@@ -51,10 +53,23 @@ NAV: tuple[NavItem, ...] = (
     NavItem("gpus", "GPU map", "/gpus", Permission.NODES_READ),
     NavItem("jobs", "Jobs", "/jobs", Permission.JOBS_READ),
     NavItem("alerts", "Alerts", "/alerts", Permission.ALERTS_READ),
+    NavItem("logs", "Logs", "/logs", Permission.NODES_READ),
     NavItem("audit", "Audit log", "/audit", Permission.AUDIT_READ),
     NavItem("users", "Users", "/users", Permission.USERS_READ),
     NavItem("projects", "Projects", "/projects", Permission.PROJECTS_READ),
 )
+
+
+def query_time(query: dict[str, str], key: str) -> datetime | None:
+    """An ISO 8601 time from the query (a date, or a date and time; without a zone it is UTC)."""
+    text = query.get(key)
+    if text is None:
+        return None
+    try:
+        at = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidInput(f"{key} must be a time like 2025-01-31T13:45 (UTC), not {text!r}") from None
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
 
 
 @dataclass(frozen=True)
