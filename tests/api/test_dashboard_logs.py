@@ -14,7 +14,7 @@ from gpufleet.core.db import transaction
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.logs import store
-from tests.api.dashboard_helpers import logged_in
+from tests.api.dashboard_helpers import logged_in, up_node
 
 XID79 = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 LINK = "mlx5_core 0000:5c:00.0 ibp92s0: Link down"
@@ -25,8 +25,9 @@ READY = "IPv6: ADDRCONF(NETDEV_CHANGE): eth0: link becomes ready"
 def logged(client: TestClient, clock: FakeClock) -> TestClient:
     ctx = client.app.state.ctx  # type: ignore[attr-defined]
     t0 = clock.now()
+    n1 = up_node(client, "gpu01", gpus=4)  # GPU 3's UUID is GPU-gpu01-3
     with transaction(ctx.sessions) as s:
-        n1, n2 = (n.id for n in inventory.add_nodes(s, clock, ["gpu01", "gpu02"], NodeSettings()))
+        (n2,) = (n.id for n in inventory.add_nodes(s, clock, ["gpu02"], NodeSettings()))
         store.write_records(
             s,
             [
@@ -69,9 +70,18 @@ def test_the_page_lists_events_newest_first_and_every_line_on_request(logged: Te
     page = logged.get("/logs")
     assert page.status_code == 200
     assert lines(page.text) == [LINK, XID79]
-    assert "GPU 3 0000:91:00" in page.text
+    assert '<span title="GPU-gpu01-3">GPU 3</span> 0000:91:00' in page.text
+
     assert 'href="/logs"' in page.text.split('aria-label="Main"', 1)[1].split("</nav>", 1)[0]  # in the top bar
     assert lines(logged.get("/logs?lines=all").text) == [LINK, XID79, READY]
+
+
+def test_the_api_names_the_gpu_by_its_uuid_from_the_inventory(client: TestClient, logged: TestClient) -> None:
+    events = client.get("/api/v1/logs", params={"events": True}).json()
+    assert [(e["node"], e["gpu"], e["gpu_uuid"]) for e in events] == [
+        ("gpu02", None, None),
+        ("gpu01", 3, "GPU-gpu01-3"),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
 
+from gpufleet.api.app import create_app
+from gpufleet.core.clock import FakeClock
+from gpufleet.core.config import load_settings
+from gpufleet.core.errors import ConfigError
 from gpufleet.protocol.logs import LogLine
 from tests.api.test_channel import _credential
 
@@ -77,3 +84,11 @@ def test_a_malformed_logs_message_closes_the_channel_and_stores_nothing(client: 
         closed = ws.receive()
     assert closed["type"] == "websocket.close"
     assert monitoring.flush_log_lines_once() == 0
+
+
+def test_a_bad_forwarding_target_stops_the_head_with_its_reason(
+    sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path
+) -> None:
+    settings = load_settings(client_file=tmp_path / "none.toml", data_dir=tmp_path, log_forward_url="udp://x:1")
+    with pytest.raises(ConfigError, match="log_forward_url must start with tcp://, http:// or https://"):
+        create_app(settings, sessions, clock, run_loops=False)

@@ -53,7 +53,7 @@ def mine(sessions: sessionmaker[Session], miner: TemplateMining, now: float) -> 
 
 def events(sessions: sessionmaker[Session]) -> list[tuple[str, str | None, int | None]]:
     with transaction(sessions, readonly=True) as s:
-        return [(r.line, r.kind, r.code) for r, _ in store.search(s, events_only=True)]
+        return [(f.record.line, f.record.kind, f.record.code) for f in store.search(s, events_only=True)]
 
 
 def test_learning_then_a_new_template_becomes_an_event_once(

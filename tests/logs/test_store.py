@@ -54,7 +54,7 @@ def logged(sessions: sessionmaker[Session], clock: FakeClock) -> sessionmaker[Se
 
 def found(sessions: sessionmaker[Session], **filters: object) -> list[tuple[str, float]]:
     with transaction(sessions, readonly=True) as s:
-        return [(name, r.ts - T0) for r, name in store.search(s, **filters)]  # type: ignore[arg-type]
+        return [(f.node, f.record.ts - T0) for f in store.search(s, **filters)]  # type: ignore[arg-type]
 
 
 def test_filters_by_node_time_severity_and_kind(logged: sessionmaker[Session]) -> None:

@@ -54,6 +54,7 @@ from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import ConfigError
 from gpufleet.jobs.workload import build as build_workload
+from gpufleet.logs.forward import EventForwarder, parse_target
 from gpufleet.logs.mining import MiningSettings, TemplateMining
 from gpufleet.monitoring.dispatch import Notifications
 from gpufleet.monitoring.health import HealthJudge
@@ -120,6 +121,15 @@ def _served_ca(settings: Settings) -> str | None:
         raise ConfigError(f"cannot read the CA certificate {served[2]}: {exc.strerror}") from None
 
 
+def _forwarder(settings: Settings) -> EventForwarder | None:
+    if settings.log_forward_url is None:
+        return None
+    try:
+        return EventForwarder(parse_target(settings.log_forward_url))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def create_app(
     settings: Settings,
     sessions: sessionmaker[Session],
@@ -138,6 +148,7 @@ def create_app(
         resume_after_rounds=settings.resume_after_healthy_samples,
     )
     notifications = Notifications(sessions, settings.external_url)
+    forwarder = _forwarder(settings)
     monitoring = MonitoringLoops(
         sessions=sessions,
         clock=clock,
@@ -156,6 +167,7 @@ def create_app(
             )
         ),
         template_pass_s=settings.log_template_pass_s,
+        forward=forwarder.submit if forwarder else None,
     )
     loops = HeadLoops(
         settings=settings,
@@ -194,7 +206,9 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         hub.bind(asyncio.get_running_loop())
-        notifications.bind(asyncio.get_running_loop())
+        senders: list[Notifications | EventForwarder] = [notifications, *([forwarder] if forwarder else [])]
+        for sender in senders:
+            sender.bind(asyncio.get_running_loop())
         stop = asyncio.Event()
         runs = (loops.run(stop), monitoring.run(stop), jobs.run(stop)) if run_loops else ()
         tasks = [asyncio.create_task(run) for run in runs]
@@ -204,7 +218,8 @@ def create_app(
             stop.set()
             for task in tasks:
                 await task
-            await notifications.close()
+            for sender in senders:
+                await sender.close()
 
     app = FastAPI(
         title="gpufleet",

@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     log_retention_s: float = Field(
         7 * 86_400.0, gt=0, description="how long the agents' log lines and their events are kept at the head"
     )
+    log_forward_url: str | None = Field(
+        None, description="send log events as JSON lines to a collector: tcp://HOST:PORT or an http(s) URL"
+    )
     log_template_learning_s: float = Field(
         86_400.0, ge=0, description="a node category's first lines only teach the template miner for this long"
     )

@@ -31,7 +31,7 @@ BATCH = 5000  # lines per pass: bounds how long one pass holds the interpreter
 NEW_TEMPLATE_KIND = "log_template"
 
 
-_Record = Row[int, int, float, str, str | None, str | None]  # id, node_id, ts, line, kind, category
+_Record = Row[int, int, float, str, str, str | None, str | None]  # id, node, ts, source, line, kind, category
 
 
 @dataclass(frozen=True)
@@ -67,12 +67,31 @@ class CategoryBurst:
     burst: Burst
 
 
+@dataclass(frozen=True)
+class NewTemplateEvent:
+    record_id: int
+    node_id: int
+    ts: float
+    source: str
+    line: str
+    template_id: int
+
+    def as_record(self) -> dict[str, object]:
+        """The event as its log record now reads (what forwarding sends)."""
+        return {
+            "source": self.source,
+            "line": self.line,
+            "kind": NEW_TEMPLATE_KIND,
+            "severity": "info",
+            "code": self.template_id,
+        }
+
+
 @dataclass
 class MiningPass:
     cursor: int
     seen: dict[tuple[str, int], _Seen] = field(default_factory=dict)
-    events: list[int] = field(default_factory=list)  # records that introduced a new template
-    event_codes: dict[int, int] = field(default_factory=dict)  # record id -> template id
+    events: list[NewTemplateEvent] = field(default_factory=list)  # the first lines of new templates
     bursts: list[CategoryBurst] = field(default_factory=list)
     touched: set[str] = field(default_factory=set)
 
@@ -105,7 +124,15 @@ class TemplateMining:
                 self._categories[miner.category] = _Category(TemplateSet(miner.state), bursts, miner.started_at)
             self._cursor = stored or 0
         query = (
-            select(LogRecord.id, LogRecord.node_id, LogRecord.ts, LogRecord.line, LogRecord.kind, Node.category)
+            select(
+                LogRecord.id,
+                LogRecord.node_id,
+                LogRecord.ts,
+                LogRecord.source,
+                LogRecord.line,
+                LogRecord.kind,
+                Node.category,
+            )
             .join(Node, Node.id == LogRecord.node_id)
             .where(LogRecord.id > self._cursor)
             .order_by(LogRecord.id)
@@ -126,7 +153,7 @@ class TemplateMining:
                     template = held.templates.template(change.template_id)
                     result.bursts.append(CategoryBurst(category, template, change))
         fresh_after = now - 2 * self.settings.window_s
-        for record_id, node_id, ts, line, kind, node_category in rows:
+        for record_id, node_id, ts, source, line, kind, node_category in rows:
             category = node_category or ""
             cat = self._categories.get(category)
             if cat is None:
@@ -139,8 +166,7 @@ class TemplateMining:
             if seen is None:
                 seen = result.seen[key] = _Seen(mined.template, 0, ts, node_id, ts, mined.new, learning)
                 if mined.new and not learning and kind is None:
-                    result.events.append(record_id)
-                    result.event_codes[record_id] = mined.template_id
+                    result.events.append(NewTemplateEvent(record_id, node_id, ts, source, line, mined.template_id))
             seen.template, seen.count, seen.last_seen = mined.template, seen.count + 1, max(seen.last_seen, ts)
             if ts >= fresh_after:  # a backlog of old lines (an agent catching up) is no burst
                 cat.bursts.count(mined.template_id, node_id)
@@ -168,11 +194,11 @@ class TemplateMining:
             else:
                 row.template, row.count = seen.template, row.count + seen.count
                 row.last_seen = max(row.last_seen, seen.last_seen)
-        for record_id in result.events:
+        for event in result.events:
             session.execute(
                 update(LogRecord)
-                .where(LogRecord.id == record_id, LogRecord.kind.is_(None))
-                .values(kind=NEW_TEMPLATE_KIND, severity="info", code=result.event_codes[record_id])
+                .where(LogRecord.id == event.record_id, LogRecord.kind.is_(None))
+                .values(kind=NEW_TEMPLATE_KIND, severity="info", code=event.template_id)
             )
         # Only categories this pass touched are written; the cursor is the largest stored one.
         stored = set(session.scalars(select(LogMiner.category)))

@@ -8,15 +8,23 @@ is a word, not syntax) and `plainto_tsquery` on PostgreSQL.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import delete, func, insert, select, text
 from sqlalchemy.orm import Session
 
-from gpufleet.inventory.models import Node
+from gpufleet.inventory.models import Gpu, Node
 from gpufleet.logs.models import LogRecord, LogTemplate
 
 SEVERITIES = ("info", "warning", "critical")
+
+
+class Found(NamedTuple):
+    record: LogRecord
+    node: str
+    gpu_uuid: str | None
+
+
 _FTS5_MATCH = "SELECT rowid FROM log_records_fts WHERE log_records_fts MATCH :q"  # models.FTS_TABLE
 MAX_RESULTS = 5000
 
@@ -49,9 +57,14 @@ def search(
     events_only: bool = False,
     text_query: str | None = None,
     limit: int = 500,
-) -> list[tuple[LogRecord, str]]:
-    """(record, node name), newest first. Raises ValueError for an unknown severity."""
-    query = select(LogRecord, Node.name).join(Node, Node.id == LogRecord.node_id)
+) -> list[Found]:
+    """Newest first. Raises ValueError for an unknown severity."""
+    # The GPU's UUID from the inventory: the agent named the GPU by index, from its PCI address.
+    query = (
+        select(LogRecord, Node.name, Gpu.uuid)
+        .join(Node, Node.id == LogRecord.node_id)
+        .outerjoin(Gpu, (Gpu.node_id == LogRecord.node_id) & (Gpu.index == LogRecord.gpu))
+    )
     if node is not None:
         query = query.where(Node.name == node)
     if since is not None:
@@ -75,4 +88,4 @@ def search(
                 func.to_tsvector("simple", LogRecord.line).op("@@")(func.plainto_tsquery("simple", text_query))
             )
     query = query.order_by(LogRecord.ts.desc(), LogRecord.id.desc()).limit(min(limit, MAX_RESULTS))
-    return [(record, name) for record, name in session.execute(query).all()]
+    return [Found(record, name, uuid) for record, name, uuid in session.execute(query).all()]

@@ -38,6 +38,8 @@ RULES: dict[str, Rule] = {
         Rule("NodeDegraded", "warning", "a node's health verdict is degraded"),
         Rule("NodeDown", "critical", "a node stopped sending heartbeats"),
         Rule("GpuStraggler", "warning", "a GPU of a running multi-GPU job works well below its peers in the job"),
+        Rule("LogTemplateBurst", "warning", "a log template is written far more often than it usually is"),
+        Rule("CriticalVulnerability", "critical", "a critical advisory newly affects installed software"),
     )
 }
 

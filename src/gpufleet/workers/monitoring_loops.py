@@ -31,8 +31,9 @@ from gpufleet.core.clock import Clock
 from gpufleet.core.db import transaction
 from gpufleet.core.loops import run_periodic
 from gpufleet.inventory.liveness import Change
-from gpufleet.inventory.models import Node
+from gpufleet.inventory.models import Gpu, Node
 from gpufleet.logs import store as logs_store
+from gpufleet.logs.forward import event_json
 from gpufleet.logs.mining import CategoryBurst, TemplateMining
 from gpufleet.monitoring import alerts, store
 from gpufleet.monitoring.health import HealthChange, HealthJudge
@@ -64,6 +65,7 @@ class MonitoringLoops:
     health_pass_s: float = 0.1
     rollup_every_s: float = 60.0
     mining: TemplateMining | None = None
+    forward: Callable[[list[dict[str, Any]]], None] | None = None  # logs.forward.EventForwarder.submit
     template_pass_s: float = 5.0
     _pending: list[tuple[int, Sample]] = field(default_factory=list)  # encoded on the flush thread
     _pending_lines: list[tuple[int, LogLine]] = field(default_factory=list)
@@ -123,7 +125,23 @@ class MonitoringLoops:
         with self._lock:
             pending, self._pending_lines = self._pending_lines, []
         rows = [line.model_dump() | {"node_id": node_id} for node_id, line in pending]
-        return self._write_batch(rows, logs_store.write_records)
+        written = self._write_batch(rows, logs_store.write_records)
+        events = [r for r in rows if r["kind"] is not None]
+        if self.forward is not None and events:
+            self._forward([(r["node_id"], r["ts"], r) for r in events])
+        return written
+
+    def _forward(self, events: list[tuple[int, float, dict[str, Any]]]) -> None:
+        """Hand events to the forwarder with their node's name and GPU's UUID (events of nodes removed
+        meanwhile are dropped)."""
+        if self.forward is None:
+            return
+        with transaction(self.sessions, readonly=True) as session:
+            ids = {node_id for node_id, _, _ in events}
+            names = dict(session.execute(select(Node.id, Node.name).where(Node.id.in_(ids))).all())
+            gpus = select(Gpu.node_id, Gpu.index, Gpu.uuid).where(Gpu.node_id.in_(ids))
+            uuids: dict[tuple[int, int | None], str] = {(n, i): u for n, i, u in session.execute(gpus).all()}
+        self.forward([event_json(names[n], ts, r, uuids.get((n, r.get("gpu")))) for n, ts, r in events if n in names])
 
     def _write_batch(self, rows: list[dict[str, Any]], write: Callable[[Session, list[dict[str, Any]]], None]) -> int:
         """Write `rows` (each with a node_id) in one transaction. A node removed while its rows waited
@@ -255,6 +273,8 @@ class MonitoringLoops:
             raise
         if result.new_templates:
             log.info("%d new log templates", result.new_templates)
+        if result.events:
+            self._forward([(e.node_id, e.ts, e.as_record()) for e in result.events])
         if fired:
             self.on_alerts(fired)
         return len(rows)

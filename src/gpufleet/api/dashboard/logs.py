@@ -50,7 +50,7 @@ def logs_view(view: View) -> dict[str, Any]:
         limit=SHOWN,
     )
     return {
-        "records": [(record, name, datetime.fromtimestamp(record.ts, UTC)) for record, name in found],
+        "records": [(f, datetime.fromtimestamp(f.record.ts, UTC)) for f in found],
         "every_line": every_line,
         "shown": SHOWN,
         "query": query,

@@ -32,6 +32,7 @@ class LogLineOut(BaseModel):
     pci_bus: str | None
     device: str | None
     gpu: int | None
+    gpu_uuid: str | None  # from the node's inventory
 
 
 class LogTemplateOut(BaseModel):
@@ -54,7 +55,7 @@ def list_templates(
 ) -> list[LogTemplateOut]:
     """The log templates mined per node category, most recently seen first."""
     with tx(ctx, readonly=True) as db:
-        names = dict(db.execute(select(Node.id, Node.name)).tuples().all())
+        names = dict(db.execute(select(Node.id, Node.name)).all())
         return [
             LogTemplateOut(
                 category=t.category,
@@ -111,8 +112,9 @@ def search_logs(
                     pci_bus=r.pci_bus,
                     device=r.device,
                     gpu=r.gpu,
+                    gpu_uuid=uuid,
                 )
-                for r, name in found
+                for r, name, uuid in found
             ]
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
