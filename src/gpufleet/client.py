@@ -27,6 +27,7 @@ from gpufleet.core.errors import (
 from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.messages import JoinRequest, JoinResponse
+from gpufleet.protocol.software import SoftwareInventory
 
 _BY_STATUS: dict[int, type[GpufleetError]] = {
     400: InvalidInput,
@@ -143,6 +144,48 @@ class HeadClient:
     def log_templates(self, category: str | None = None, new: bool = False) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"new": new} | ({"category": category} if category is not None else {})
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/logs/templates", params=params)
+        return result
+
+    def import_advisories(self, advisories: list[dict[str, Any]]) -> dict[str, int]:
+        result: dict[str, int] = self._call("POST", "/api/v1/cve/advisories", json={"advisories": advisories})
+        return result
+
+    def cve_report(self, **filters: Any) -> list[dict[str, Any]]:
+        """GET /api/v1/cve/report with the filters that are set (severity, status, node, problem)."""
+        params = {k: v for k, v in filters.items() if v is not None}
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/cve/report", params=params)
+        return result
+
+    def cve_findings(self, node: str, status: list[str] | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"node": node} | ({"status": status} if status else {})
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/cve/findings", params=params)
+        return result
+
+    def set_finding_status(self, finding_id: int, status: str, reason: str | None) -> dict[str, Any]:
+        body = {"status": status, "reason": reason}
+        result: dict[str, Any] = self._call("PATCH", f"/api/v1/cve/findings/{finding_id}", json=body)
+        return result
+
+    def node_software(self, node: str, ecosystem: str | None = None) -> dict[str, Any]:
+        params = {"ecosystem": ecosystem} if ecosystem else None
+        result: dict[str, Any] = self._call("GET", f"/api/v1/assets/nodes/{node}", params=params)
+        return result
+
+    def software_diff(self, a: str, b: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/api/v1/assets/diff", params={"a": a, "b": b})
+        return result
+
+    def software_where(self, package: str, versions: str | None, ecosystem: str | None) -> list[dict[str, Any]]:
+        params = {k: v for k, v in {"package": package, "versions": versions, "ecosystem": ecosystem}.items() if v}
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/assets/where", params=params)
+        return result
+
+    def software_matrix(self) -> dict[str, dict[str, list[str]]]:
+        result: dict[str, dict[str, list[str]]] = self._call("GET", "/api/v1/assets/matrix")
+        return result
+
+    def software_drift(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/assets/drift")
         return result
 
     def create_user_token(self, user: str, expires_in_s: int, scope: str) -> dict[str, Any]:
@@ -354,6 +397,15 @@ class AgentHttp:
             "/api/v1/agent/inventory",
             credential,
             content=inventory.model_dump_json(),
+            extra_headers={"Content-Type": "application/json"},
+        )
+
+    async def put_software(self, credential: str, report: SoftwareInventory) -> None:
+        await self._call(
+            "PUT",
+            "/api/v1/agent/software",
+            credential,
+            content=report.model_dump_json(),
             extra_headers={"Content-Type": "application/json"},
         )
 

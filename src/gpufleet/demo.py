@@ -153,6 +153,7 @@ def run_demo(cli: CliState, data_dir: Path, listen: str, nodes: int, gpus_per_no
                 gpus_per_node=gpus_per_node,
                 state_dir=data_dir / "sim",
                 metrics_interval_s=settings.metrics_interval_s,  # the pace the head expects samples at
+                software=True,  # the Software page and `gpufleet assets` have something to show
             )
         )
         simulation.build()

@@ -210,6 +210,9 @@ def sim(
     ),
     prefix: Annotated[str, typer.Option(help="node name prefix")] = "sim",
     heartbeat_interval: IntervalOpt = None,
+    software: Annotated[
+        bool, typer.Option("--software/--no-software", help="report simulated installed software (assets, CVEs)")
+    ] = False,
 ) -> None:
     """Run N simulated GPU nodes: real agent code over a simulated NVML."""
     if ctx.invoked_subcommand is not None:  # fault/heal talk to the head; `sim --server` names it too
@@ -236,6 +239,7 @@ def sim(
             prefix=prefix,
             heartbeat_interval_s=heartbeat_interval,
             metrics_interval_s=settings.metrics_interval_s,
+            software=software,
         )
     )
     simulation.build()

@@ -67,7 +67,7 @@ def test_operator_sees_a_fault_drains_resumes_acknowledges_and_logs_out(cluster:
     log_in(page, head)
     expect(page.locator("#user")).to_have_text("alice")
     expect(page.get_by_role("navigation", name="Main").get_by_role("link")).to_have_text(
-        ["Overview", "Nodes", "GPU map", "Jobs", "Alerts", "Logs", "Projects"]
+        ["Overview", "Nodes", "GPU map", "Jobs", "Alerts", "Logs", "Software", "Projects"]
     )
     expect(page.locator("#nodes-up .value")).to_have_text(str(NODES))
     expect(page.locator("#fleet .tile")).to_have_count(NODES)
@@ -171,7 +171,7 @@ def test_keyboard_only_drain_and_a_viewer_gets_no_buttons(cluster: Head, page: P
 def test_pages_fit_a_laptop_screen(cluster: Head, page: Page) -> None:
     """At 1280x800 no page scrolls sideways (tables that could, scroll inside themselves)."""
     log_in(page, cluster)
-    for path in ("/", "/nodes", "/gpus", "/jobs", "/jobs/usage", "/alerts", "/logs", "/nodes/sim001"):
+    for path in ("/", "/nodes", "/gpus", "/jobs", "/jobs/usage", "/alerts", "/logs", "/software", "/nodes/sim001"):
         page.goto(cluster.url + path)
         expect(page.locator("h1")).to_be_visible()
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")

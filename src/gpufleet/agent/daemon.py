@@ -43,8 +43,10 @@ from gpufleet.protocol.messages import (
     head_message_adapter,
 )
 from gpufleet.protocol.metrics import CheckResult, FaultCommand
+from gpufleet.protocol.software import SoftwareInventory
 
 log = logging.getLogger(__name__)
+SoftwareSource = Callable[[], SoftwareInventory]  # agent.software.collect_software, or the simulator's
 T = TypeVar("T")
 
 
@@ -75,6 +77,8 @@ class AgentOptions:
     checks: CheckSource | None = None  # the node's own checks, run every checks_interval_s; None: none
     checks_interval_s: float = 60.0
     jobs: JobSupervisor | None = None  # runs the jobs the head places here; None: this agent runs none
+    software: SoftwareSource | None = None  # installed packages, drivers, firmware; None: not reported
+    software_check_s: float = 3600.0  # read again this often; sent only when its digest changed
 
 
 def channel_url(server: str) -> str:
@@ -112,6 +116,7 @@ class Agent:
         self.connected = False
         self.ever_acked = False
         self._inventory: NodeInventory | None = None
+        self.software_digest: str | None = None  # of the software report the head last took
         self.accounts_version: str | None = None  # of the account list last applied without failures
         self._accounts: AccountList | None = None  # the last list fetched, applied again each interval
         self.outbox = Outbox(max_samples=options.metrics_backlog)
@@ -240,6 +245,8 @@ class Agent:
             }
             if self.options.accounts is not None:
                 tasks.add(asyncio.create_task(self._watch_accounts(credential, self.options.accounts)))
+            if self.options.software is not None:
+                tasks.add(asyncio.create_task(self._watch_software(credential, self.options.software)))
             if self.options.jobs is not None:
                 self.options.jobs.connected()
                 tasks.add(asyncio.create_task(self.options.jobs.send_forever(ws.send)))
@@ -442,6 +449,24 @@ class Agent:
         if current.fingerprint() != before:
             log.info("inventory changed; sending it")
             await self.http.put_inventory(credential.token, current)
+
+    async def _watch_software(self, credential: Credential, read: SoftwareSource) -> None:
+        """Its own task, at connect and every software_check_s: reading dpkg and pip takes seconds, and
+        the report is sent only when its digest differs from the last one the head took. A failure is
+        logged and retried next round; it never ends the channel."""
+        interval = self.options.software_check_s
+        while True:
+            try:
+                report = await asyncio.to_thread(read)
+                if report.digest != self.software_digest:
+                    await self.http.put_software(credential.token, report)
+                    self.software_digest = report.digest
+                    log.info("software inventory sent: %d packages", len(report.packages))
+            except GpufleetError as exc:
+                log.warning("software inventory not sent: %s; retrying in %.0fs", exc, interval)
+            except Exception:
+                log.exception("software inventory not read; retrying in %.0fs", interval)
+            await asyncio.sleep(interval)
 
     async def _watch_accounts(self, credential: Credential, sync: AccountSync) -> None:
         """Its own task, at start and every interval. A failure is logged and retried next interval: it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import httpx
 
@@ -25,6 +26,7 @@ from gpufleet.agent.metrics.ports import SampleSource
 from gpufleet.agent.metrics.sampler import Sampler
 from gpufleet.agent.metrics.xid import XidBook, XidWatcher
 from gpufleet.agent.slurm.mapping import SlurmJobMap
+from gpufleet.agent.software import collect_software
 from gpufleet.agent.trust import head_context
 from gpufleet.client import AgentHttp
 from gpufleet.core.config import Settings
@@ -90,6 +92,12 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
                 checks=checks,
                 checks_interval_s=settings.checks_interval_s,
                 jobs=JobSupervisor(executor),
+                software=(
+                    functools.partial(collect_software, pip_envs=settings.software_pip_envs)
+                    if settings.software_report
+                    else None
+                ),
+                software_check_s=settings.software_check_s,
             )
             await Agent(options, store, AgentHttp(settings.server, http), read).run()
 

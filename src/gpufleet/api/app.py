@@ -36,6 +36,9 @@ from gpufleet.api.routers import (
     web_login,
 )
 from gpufleet.api.routers import (
+    assets as assets_routes,
+)
+from gpufleet.api.routers import (
     jobs as job_routes,
 )
 from gpufleet.api.routers import (
@@ -60,6 +63,8 @@ from gpufleet.monitoring.dispatch import Notifications
 from gpufleet.monitoring.health import HealthJudge
 from gpufleet.monitoring.store import Retention
 from gpufleet.monitoring.tracker import HealthTracker
+from gpufleet.protocol.software import MAX_SOFTWARE_BYTES
+from gpufleet.workers.asset_loops import AssetLoops
 from gpufleet.workers.head_loops import HeadLoops
 from gpufleet.workers.job_loops import JobLoops
 from gpufleet.workers.monitoring_loops import MonitoringLoops
@@ -99,6 +104,7 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     job_metrics.router,
     audit_log.router,
     logs.router,
+    assets_routes.router,
     users.router,
     projects.router,
     monitoring_routes.router,
@@ -188,6 +194,13 @@ def create_app(
         slurm=slurm,
         on_alerts=notifications.submit,
     )
+    assets = AssetLoops(
+        sessions=sessions,
+        clock=clock,
+        is_leader=lambda: loops.is_leader,
+        on_alerts=notifications.submit,
+        interval_s=settings.cve_evaluate_interval_s,
+    )
     ca_pem = _served_ca(settings)
     ctx = HeadContext(
         ca_pem=ca_pem,
@@ -201,6 +214,7 @@ def create_app(
         jobs=jobs,
         identity=identity.provider(settings.identity_provider),
         throttle=LoginThrottle(clock),
+        assets=assets,
     )
 
     @contextlib.asynccontextmanager
@@ -210,7 +224,7 @@ def create_app(
         for sender in senders:
             sender.bind(asyncio.get_running_loop())
         stop = asyncio.Event()
-        runs = (loops.run(stop), monitoring.run(stop), jobs.run(stop)) if run_loops else ()
+        runs = (loops.run(stop), monitoring.run(stop), jobs.run(stop), assets.run(stop)) if run_loops else ()
         tasks = [asyncio.create_task(run) for run in runs]
         try:
             yield
@@ -263,6 +277,10 @@ def create_app(
             return JSONResponse({"status": "error", "database": "unreachable"}, status_code=503)
         return JSONResponse({"status": "ok", "version": __version__, "leader": loops.is_leader, "channels": len(hub)})
 
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    bulk = {
+        f"{API_PREFIX}/agent/software": MAX_SOFTWARE_BYTES,
+        f"{API_PREFIX}/cve/advisories": assets_routes.MAX_ADVISORY_BATCH_BYTES,
+    }
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes, larger=bulk)
     app.add_middleware(AuditMiddleware)  # outermost: records even what the size limit refuses
     return app

@@ -10,17 +10,22 @@ class _TooLarge(Exception):
 
 
 class BodySizeLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    """`max_bytes` for every request, except the paths in `larger`, which carry bulk uploads (a node's
+    software inventory, a batch of advisories) and get their own limit."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, larger: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = larger or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.larger.get(scope["path"], self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._reject(send, limit)
             return
         seen = 0
         started = False
@@ -30,7 +35,7 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     raise _TooLarge
             return message
 
@@ -44,10 +49,10 @@ class BodySizeLimit:
             await self.app(scope, limited_receive, tracking_send)
         except _TooLarge:
             if not started:
-                await self._reject(send)
+                await self._reject(send, limit)
 
-    async def _reject(self, send: Send) -> None:
-        body = f'{{"detail":"request body larger than {self.max_bytes} bytes"}}'.encode()
+    async def _reject(self, send: Send, limit: int) -> None:
+        body = f'{{"detail":"request body larger than {limit} bytes"}}'.encode()
         await send(
             {
                 "type": "http.response.start",

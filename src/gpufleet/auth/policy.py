@@ -39,6 +39,8 @@ class Permission(enum.StrEnum):
     JOBS_SUBMIT = "jobs:submit"  # submit jobs as oneself to one's projects, cancel one's own, read their output
     JOBS_ADMIN = "jobs:admin"  # any user's jobs: submit as them, cancel, raise priority, read output
     AGENT_REPORT = "agent:report"  # a node reporting about itself
+    ASSETS_READ = "assets:read"  # installed software, advisories and findings: which nodes are vulnerable
+    CVE_WRITE = "cve:write"  # import advisories, set a finding's status (accepted risk, mitigated, ...)
 
 
 _READ_CLUSTER = frozenset(
@@ -66,6 +68,8 @@ POLICY: dict[Role, frozenset[Permission]] = {
         Permission.TOKENS_REVOKE,  # join tokens only: see the revoke route
         Permission.ALERTS_WRITE,
         Permission.JOBS_SUBMIT,
+        Permission.ASSETS_READ,
+        Permission.CVE_WRITE,
     },
     Role.MEMBER: _READ_CLUSTER | {Permission.JOBS_SUBMIT},
     Role.VIEWER: _READ_CLUSTER,

@@ -9,8 +9,10 @@ import typer
 
 from gpufleet import __version__
 from gpufleet.cli import (
+    assets,
     audit,
     config,
+    cve,
     export,
     jobs,
     logs,
@@ -65,6 +67,8 @@ app.add_typer(monitoring.policy_app, name="health-policy")
 app.add_typer(slurm.app, name="slurm")
 app.add_typer(logs.app, name="logs")
 app.add_typer(logs.events_app, name="events")
+app.add_typer(cve.app, name="cve")
+app.add_typer(assets.app, name="assets")
 slurm.app.add_typer(slurm_accounts.app, name="accounts")
 app.command("health")(monitoring.health)
 app.command("login")(config.login)

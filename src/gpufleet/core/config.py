@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     log_retention_s: float = Field(
         7 * 86_400.0, gt=0, description="how long the agents' log lines and their events are kept at the head"
     )
+    cve_evaluate_interval_s: float = Field(
+        10.0, gt=0, le=3600, description="how often the leader looks for new advisories or software to evaluate"
+    )
     log_forward_url: str | None = Field(
         None, description="send log events as JSON lines to a collector: tcp://HOST:PORT or an http(s) URL"
     )
@@ -162,6 +165,14 @@ class Settings(BaseSettings):
     log_files: list[Path] = Field(
         default_factory=lambda: [Path("/dev/kmsg"), Path("/var/log/nvidia-fabricmanager.log")],
         description="kernel and driver logs the agent follows and classifies (missing ones are skipped)",
+    )
+    software_report: bool = Field(True, description="the agent reports installed packages, drivers and firmware")
+    software_check_s: float = Field(
+        3600.0, ge=10, le=7 * 86400, description="how often the agent reads its software again (sent when changed)"
+    )
+    software_pip_envs: list[Path] = Field(
+        default_factory=lambda: [Path("/usr/local"), Path("/opt/conda")],
+        description="Python environments whose pip packages the agent reports",
     )
     log_level: str = Field("INFO", description="logging level")
 

@@ -15,6 +15,7 @@ _MIGRATION_LOCK = 8_411_305_527
 
 def metadata() -> MetaData:
     """All tables, for Alembic's autogenerate and the migration check in the tests."""
+    from gpufleet.assets import models as _assets  # noqa: F401
     from gpufleet.auth import audit as _audit  # noqa: F401
     from gpufleet.auth import models as _auth  # noqa: F401
     from gpufleet.auth import projects as _projects  # noqa: F401

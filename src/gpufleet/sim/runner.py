@@ -38,6 +38,7 @@ from gpufleet.sim.host_metrics import SimulatedHostMetrics
 from gpufleet.sim.infiniband import SimulatedInfiniband
 from gpufleet.sim.jobs import SimulatedExecutor
 from gpufleet.sim.nvml import SimulatedNvml
+from gpufleet.sim.software import SimulatedSoftware
 
 log = logging.getLogger(__name__)
 MAX_NODES = 10_000
@@ -68,6 +69,10 @@ class SimOptions:
     # Node name -> a Slurm job map directory its samples report (the test Slurm's node is named after a
     # simulated node, so the real prolog's map lands on that node's GPUs); other nodes have no Slurm.
     slurm_job_maps: dict[str, Path] = field(default_factory=dict)
+    # Report simulated software (sim.software): every node the current image, every `older_every`-th
+    # node an older one. Off by default: a 1,000-node benchmark has no use for it.
+    software: bool = False
+    older_every: int = 4
 
 
 @dataclass
@@ -92,7 +97,7 @@ class Simulation:
             verify=opts.tls_context if opts.tls_context is not None else True,
         )
         http = AgentHttp(opts.server, self._http)
-        for name in node_names(opts.nodes, opts.prefix):
+        for i, name in enumerate(node_names(opts.nodes, opts.prefix)):
             try:
                 nvml = SimulatedNvml(name, gpu_count=opts.gpus_per_node, gpu_model=opts.gpu_model)
             except ValueError as exc:
@@ -108,6 +113,10 @@ class Simulation:
                 # Jobs placed here run in simulated time: GPUs load up, nothing is executed.
                 jobs=JobSupervisor(SimulatedExecutor(nvml)),
             )
+            if opts.software:
+                variant = "older" if opts.older_every and (i + 1) % opts.older_every == 0 else "current"
+                root = opts.state_dir / "nodes" / f"{name}.root"
+                agent_opts.software = SimulatedSoftware(root, nvml, variant)
             self._add_metrics(agent_opts, name, nvml)
             store = CredentialStore(opts.state_dir / "nodes" / f"{name}.json")
             self.agents[name] = Agent(agent_opts, store, http, read)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gpufleet.api.dashboard import admin, alerts, gpu_map, jobs, logs, node_detail, nodes, overview
+from gpufleet.api.dashboard import admin, alerts, gpu_map, jobs, logs, node_detail, nodes, overview, software
 
 router = APIRouter(include_in_schema=False)
-for _page in (overview, nodes, node_detail, gpu_map, jobs, alerts, logs, admin):
+for _page in (overview, nodes, node_detail, gpu_map, jobs, alerts, logs, software, admin):
     router.include_router(_page.router)

@@ -54,6 +54,7 @@ NAV: tuple[NavItem, ...] = (
     NavItem("jobs", "Jobs", "/jobs", Permission.JOBS_READ),
     NavItem("alerts", "Alerts", "/alerts", Permission.ALERTS_READ),
     NavItem("logs", "Logs", "/logs", Permission.NODES_READ),
+    NavItem("software", "Software", "/software", Permission.ASSETS_READ),
     NavItem("audit", "Audit log", "/audit", Permission.AUDIT_READ),
     NavItem("users", "Users", "/users", Permission.USERS_READ),
     NavItem("projects", "Projects", "/projects", Permission.PROJECTS_READ),

@@ -12,6 +12,8 @@ from pydantic import ValidationError
 
 from gpufleet.api.deps import Ctx, allow, authenticate, bearer_token, tx
 from gpufleet.api.hub import Channel
+from gpufleet.assets import store as assets_store
+from gpufleet.assets.records import Distro, Installed
 from gpufleet.auth import service as auth
 from gpufleet.auth import users
 from gpufleet.auth.models import TokenKind
@@ -20,6 +22,7 @@ from gpufleet.auth.schemas import Principal
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import GpufleetError, InvalidInput, NotFound, PayloadTooLarge, Unauthorized, describe
 from gpufleet.inventory import service as inventory
+from gpufleet.inventory.models import Node
 from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.jobs import JobAck, JobCancel, JobHeld, JobOutput, JobUpdate
@@ -41,6 +44,7 @@ from gpufleet.protocol.messages import (
     Welcome,
     agent_message_adapter,
 )
+from gpufleet.protocol.software import SoftwareInventory
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/agent", tags=["agent"])
@@ -88,6 +92,31 @@ async def put_inventory(
                 inventory.report_inventory(session, ctx.clock, caller.node_id, report)
         except NotFound:
             raise Unauthorized("node no longer exists") from None
+
+    await asyncio.to_thread(store)
+
+
+@router.put("/software", status_code=204)
+async def put_software(
+    request: Request, caller: Annotated[Principal, allow(Permission.AGENT_REPORT)], ctx: Ctx
+) -> None:
+    """What the calling node runs now (packages, drivers, firmware); the head keeps one copy per
+    distinct set and re-evaluates its findings when the set changed."""
+    raw = await request.body()
+    try:
+        report = SoftwareInventory.model_validate_json(raw)
+    except ValidationError as exc:
+        raise InvalidInput(f"malformed software inventory: {describe(exc)}") from None
+    distro = Distro(report.distro_ecosystem, report.distro_release or "") if report.distro_ecosystem else None
+    packages = [Installed(**p.model_dump()) for p in report.packages]
+
+    def store() -> None:
+        if caller.node_id is None:
+            raise Unauthorized("not a node credential")
+        with transaction(ctx.sessions) as session:
+            if session.get(Node, caller.node_id) is None:
+                raise Unauthorized("node no longer exists")
+            assets_store.report_software(session, ctx.clock, caller.node_id, distro, report.kernel, packages)
 
     await asyncio.to_thread(store)
 

@@ -1,0 +1,253 @@
+"""Which installed packages each advisory affects, with each ecosystem's own version rules.
+
+The rules (OSV's, which NVD and CSAF records are converted to):
+
+- An advisory's `affected` entry names an ecosystem, a package and, for a distribution, a release.
+  A package matches only within its own ecosystem and release: an Ubuntu 22.04 advisory never touches
+  an Ubuntu 20.04 node, a Debian one never an Ubuntu one.
+- Debian and Ubuntu advisories name *source* packages (`glibc`, not `libc6`): a binary package is
+  matched through its source package and the source version. Where only binary names are known
+  (`apt list --installed`, a 3-column dpkg-query), the binary name is tried as the source name and
+  the finding says so; packages whose names differ are missed, which the scan reports.
+- A version is affected when it is listed in `versions`, or falls in a range: events sorted by
+  version, `introduced` opens, `fixed` closes (the fixed version itself is not affected),
+  `last_affected` closes after itself, `limit` bounds the whole range. GIT ranges are not judged.
+- One problem seen in several feeds (DSA-3029-1 and CVE-2014-3616) is one finding: findings of one
+  package are grouped by the advisory's `key()` (its CVE), the most severe kept, the others in `also`.
+
+Verdicts are cached per (ecosystem, release, package, version), so a fleet of nodes built from a few
+images is judged once per distinct package version, not once per node.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from packaging.utils import canonicalize_name
+
+from gpufleet.assets.records import (
+    ECOSYSTEMS,
+    SEVERITIES,
+    SOURCE_PACKAGE_DISTROS,
+    Advisory,
+    Affected,
+    Distro,
+    Finding,
+    Installed,
+    Range,
+)
+from gpufleet.assets.versions import InvalidVersion, scheme_of, sort_key
+
+_RANK = {s: i for i, s in enumerate(reversed(SEVERITIES))}  # unknown 0 ... critical 5
+BINARY_NAME_NOTE = "matched by binary name: the source package was not known"
+
+
+def package_key(ecosystem: str, name: str) -> str:
+    """Names as each ecosystem compares them: PyPI's normalized (PEP 503), the rest lower-case."""
+    return canonicalize_name(name) if ecosystem == "PyPI" else name.lower()
+
+
+def _range_verdict(rng: Range, scheme: str, version: str) -> tuple[bool, str | None]:
+    """(affected, the first fixed version above `version`) for one OSV range."""
+    key = sort_key(scheme, version)
+    events = []
+    for kind, value in rng.events:
+        at = None if kind == "introduced" and value == "0" else sort_key(scheme, value)
+        events.append((at, kind, value))
+    # "0" sorts before everything; on equal versions a closing event comes after an opening one.
+    events.sort(key=lambda e: (e[0] is not None, e[0] if e[0] is not None else 0, e[1] != "introduced"))
+    affected = False
+    for at, kind, _value in events:
+        if kind == "introduced" and (at is None or key >= at):
+            affected = True
+        elif at is None:
+            continue
+        elif (kind == "fixed" and key >= at) or (kind == "last_affected" and key > at):
+            affected = False
+        elif kind == "limit" and key >= at:
+            return False, None
+    fixed = None
+    if affected:
+        above = [(at, value) for at, kind, value in events if kind == "fixed" and at is not None and at > key]
+        fixed = min(above, key=lambda e: e[0])[1] if above else None
+    return affected, fixed
+
+
+def verdict(affected: Affected, version: str) -> tuple[bool, str | None]:
+    """Is `version` affected by this entry, and which version fixes it. Raises InvalidVersion."""
+    scheme = scheme_of(affected.ecosystem)
+    fixed: str | None = None
+    hit = version in affected.versions
+    for rng in affected.ranges:
+        if rng.kind == "GIT":
+            continue
+        in_range, range_fix = _range_verdict(rng, "semver" if rng.kind == "SEMVER" else scheme, version)
+        if in_range:
+            hit, fixed = True, fixed or range_fix
+    if hit and fixed is None and affected.fixed is not None:
+        try:  # an explicit version list with a fix named beside it
+            if sort_key(scheme, affected.fixed) > sort_key(scheme, version):
+                fixed = affected.fixed
+        except InvalidVersion:
+            pass
+    return hit, fixed
+
+
+TargetKey = tuple[str, str | None, str]  # ecosystem, release, package (as package_key compares it)
+
+
+def targets(advisory: Advisory) -> set[TargetKey]:
+    """What an advisory's entries name: the keys it is indexed under."""
+    return {(a.ecosystem, a.release, package_key(a.ecosystem, a.package)) for a in advisory.affected}
+
+
+class AdvisoryIndex:
+    """Advisories by (ecosystem, release, package) for lookups per installed package.
+
+    `add_lazy` indexes an advisory by its keys alone and parses it (`load`) only when a package asks
+    for one of them: a distribution's feed holds tens of thousands of records for every release and
+    package it ever shipped, and a fleet runs a few of those releases and packages.
+    """
+
+    def __init__(self, advisories: Iterable[Advisory] = ()) -> None:
+        self._entries: dict[TargetKey, list[tuple[Advisory, Affected]]] = defaultdict(list)
+        self._lazy: dict[TargetKey, list[Callable[[], Advisory]]] = defaultdict(list)
+        self.advisories = 0
+        for advisory in advisories:
+            self.add(advisory)
+
+    def add(self, advisory: Advisory) -> None:
+        self.advisories += 1
+        for affected in advisory.affected:
+            key = (affected.ecosystem, affected.release, package_key(affected.ecosystem, affected.package))
+            self._entries[key].append((advisory, affected))
+
+    def add_lazy(self, keys: Iterable[TargetKey], load: Callable[[], Advisory]) -> None:
+        """Index an advisory by `keys`; `load` (called at most once) gives the whole record."""
+        self.advisories += 1
+        once = _Once(load)
+        for key in keys:
+            self._lazy[key].append(once)
+
+    def _entries_for(self, key: TargetKey) -> list[tuple[Advisory, Affected]]:
+        pending = self._lazy.pop(key, None)
+        if pending:
+            entries = self._entries[key]
+            for load in pending:
+                advisory = load()
+                entries += [
+                    (advisory, a)
+                    for a in advisory.affected
+                    if (a.ecosystem, a.release, package_key(a.ecosystem, a.package)) == key
+                ]
+        return self._entries.get(key, [])
+
+    def candidates(self, ecosystem: str, release: str | None, name: str) -> list[tuple[Advisory, Affected]]:
+        name = package_key(ecosystem, name)
+        found = self._entries_for((ecosystem, release, name))
+        if release is not None:
+            found = found + self._entries_for((ecosystem, None, name))
+        return found
+
+
+class _Once:
+    """A loader that runs once, however many keys share it."""
+
+    def __init__(self, load: Callable[[], Advisory]) -> None:
+        self._load: Callable[[], Advisory] | None = load
+        self._value: Advisory | None = None
+
+    def __call__(self) -> Advisory:
+        if self._value is None and self._load is not None:
+            self._value, self._load = self._load(), None
+        assert self._value is not None  # noqa: S101 (set just above)
+        return self._value
+
+
+@dataclass
+class ScanResult:
+    findings: list[Finding] = field(default_factory=list)
+    unjudged: list[tuple[Installed, str, str]] = field(default_factory=list)  # (package, advisory, why)
+    packages: int = 0
+
+
+_Hit = tuple[Advisory, Affected, str | None]
+
+
+_Verdicts = tuple[list[_Hit], list[tuple[str, str]]]
+_NOTHING: _Verdicts = ([], [])
+_DISTRIBUTIONS = frozenset(e for e, scheme in ECOSYSTEMS.items() if scheme in ("deb", "rpm"))
+
+
+class Matcher:
+    def __init__(self, index: AdvisoryIndex) -> None:
+        self.index = index
+        self._cache: dict[tuple[str, str | None, str, str], _Verdicts] = {}
+
+    def _judge(self, key: tuple[str, str | None, str, str]) -> _Verdicts:
+        ecosystem, release, name, version = key
+        hits: list[_Hit] = []
+        errors: list[tuple[str, str]] = []
+        for advisory, affected in self.index.candidates(ecosystem, release, name):
+            try:
+                hit, fixed = verdict(affected, version)
+            except InvalidVersion as exc:
+                errors.append((advisory.id, str(exc)))
+                continue
+            if hit:
+                hits.append((advisory, affected, fixed))
+        verdicts = (hits, errors) if hits or errors else _NOTHING
+        self._cache[key] = verdicts
+        return verdicts
+
+    def scan(self, packages: Iterable[Installed], distro: Distro | None) -> ScanResult:
+        # The hot loop of a fleet's evaluation (millions of packages): one dict lookup per package
+        # once its version has been judged, and nothing more for the many that nothing affects.
+        result = ScanResult()
+        cache = self._cache
+        count = 0
+        for package in packages:
+            count += 1
+            ecosystem = package.ecosystem
+            release = None
+            name, version = package.name, package.version
+            notes: tuple[str, ...] = ()
+            if ecosystem in _DISTRIBUTIONS:
+                if distro is None or distro.ecosystem != ecosystem:
+                    continue  # a distribution package on a node of another distribution: nothing to say
+                release = distro.release
+                if ecosystem in SOURCE_PACKAGE_DISTROS:
+                    if package.source_name:
+                        name, version = package.source_name, package.source_version or version
+                    else:
+                        notes = (BINARY_NAME_NOTE,)
+            key = (ecosystem, release, name, version)
+            verdicts = cache.get(key)
+            if verdicts is None:
+                verdicts = self._judge(key)
+            if verdicts is _NOTHING:
+                continue
+            hits, errors = verdicts
+            result.unjudged += [(package, advisory_id, why) for advisory_id, why in errors]
+            if hits:
+                result.findings += _grouped(package, hits, notes)
+        result.packages = count
+        return result
+
+
+def _grouped(package: Installed, hits: list[_Hit], notes: tuple[str, ...]) -> list[Finding]:
+    """One finding per problem (advisory key) for this package: the most severe advisory, the others
+    named in `also`."""
+    by_problem: dict[str, list[_Hit]] = defaultdict(list)
+    for hit in hits:
+        by_problem[hit[0].key()].append(hit)
+    findings = []
+    for same in by_problem.values():
+        same.sort(key=lambda h: (-_RANK[h[0].severity], -(h[0].cvss_score or 0.0), h[0].id))
+        advisory, affected, fixed = same[0]
+        fixed = fixed or next((f for _, _, f in same if f), None)
+        also = tuple(sorted({h[0].id for h in same[1:]} - {advisory.id}))
+        findings.append(Finding(advisory, package, affected, fixed, also, notes))
+    return findings
