@@ -108,8 +108,10 @@ class HeadClient:
         result: dict[str, Any] = self._call("GET", f"/api/v1/nodes/{name}")
         return result
 
-    def add_nodes(self, names: list[str], category: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
-        body = {"names": names, "category": category, "labels": labels}
+    def add_nodes(
+        self, names: list[str], category: str | None, labels: dict[str, str], network: str | None = None
+    ) -> list[dict[str, Any]]:
+        body = {"names": names, "category": category, "labels": labels} | ({"network": network} if network else {})
         result: list[dict[str, Any]] = self._call("POST", "/api/v1/nodes", json=body)
         return result
 
@@ -120,6 +122,33 @@ class HeadClient:
     def clone_node(self, source: str, names: list[str]) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("POST", f"/api/v1/nodes/{source}/clone", json={"names": names})
         return result
+
+    def create_network(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/networks", json=spec)
+        return result
+
+    def list_networks(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/networks")
+        return result
+
+    def network_hosts(self, name: str) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", f"/api/v1/networks/{name}/hosts")
+        return result
+
+    def set_mac(self, node: str, network: str, mac: str, interface: str | None) -> dict[str, Any]:
+        body = {"mac": mac, "interface": interface}
+        result: dict[str, Any] = self._call("PUT", f"/api/v1/nodes/{node}/interfaces/{network}", json=body)
+        return result
+
+    def dhcp_config(self, tftp_root: str | None) -> str:
+        try:
+            response = self._http.get(
+                "/api/v1/provision/dhcp-config", params={"tftp_root": tftp_root} if tftp_root else None
+            )
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"cannot reach the head node at {self.server}: {exc}") from None
+        raise_for(response)
+        return response.text
 
     def create_join_token(self, expires_in_s: int, uses: int) -> dict[str, Any]:
         body = {"expires_in_s": expires_in_s, "uses": uses}

@@ -45,6 +45,9 @@ from gpufleet.api.routers import (
     monitoring as monitoring_routes,
 )
 from gpufleet.api.routers import (
+    provisioning as provisioning_routes,
+)
+from gpufleet.api.routers import (
     slurm as slurm_routes,
 )
 from gpufleet.api.templates import STATIC_DIR, StaticFiles
@@ -105,6 +108,7 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     audit_log.router,
     logs.router,
     assets_routes.router,
+    provisioning_routes.router,
     users.router,
     projects.router,
     monitoring_routes.router,

@@ -19,6 +19,7 @@ from gpufleet.cli import (
     monitoring,
     nodes,
     projects,
+    provision,
     slurm,
     slurm_accounts,
     tokens,
@@ -69,6 +70,9 @@ app.add_typer(logs.app, name="logs")
 app.add_typer(logs.events_app, name="events")
 app.add_typer(cve.app, name="cve")
 app.add_typer(assets.app, name="assets")
+app.add_typer(provision.network_app, name="network")
+app.add_typer(provision.provision_app, name="provision")
+nodes.app.command("set-mac")(provision.set_mac)
 slurm.app.add_typer(slurm_accounts.app, name="accounts")
 app.command("health")(monitoring.health)
 app.command("login")(config.login)

@@ -45,6 +45,7 @@ def add(
     names: Names,
     category: Annotated[str | None, typer.Option(help="category to put the nodes in")] = None,
     label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE label (repeatable)")] = None,
+    network: Annotated[str | None, typer.Option(help="give each node the next free address on this network")] = None,
     dry_run: DryRun = False,
     output: Format = OutputOpt,
 ) -> None:
@@ -54,7 +55,7 @@ def add(
         expanded = hostlist.expand(names)
         typer.echo(f"would add {len(expanded)} node(s): {hostlist.collect(expanded)}")
         return
-    added = state(ctx).client().add_nodes(names, category, labels)
+    added = state(ctx).client().add_nodes(names, category, labels, network)
     if output is Format.json:
         print_json(added)
     else:

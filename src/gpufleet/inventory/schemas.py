@@ -28,6 +28,7 @@ class NodesCreate(NodeSettings):
     names: list[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = Field(
         min_length=1, max_length=1000, description="node names or hostlist expressions such as gpu[001-016]"
     )
+    network: str | None = Field(None, max_length=64, description="give each node the next free address here")
 
 
 class NodeClone(BaseModel):

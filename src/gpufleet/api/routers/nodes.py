@@ -12,6 +12,7 @@ from gpufleet.auth.schemas import Principal
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.schemas import NodeClone, NodeDetail, NodeOut, NodesCreate, NodeSettings
 from gpufleet.protocol.messages import CLOSE_NODE_GONE
+from gpufleet.provisioning import networks
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
 
@@ -33,7 +34,10 @@ def add_nodes(
     request.state.audit_target = ",".join(body.names)
     settings = NodeSettings(category=body.category, labels=body.labels)
     with tx(ctx) as db:
-        return [inventory.to_out(n) for n in inventory.add_nodes(db, ctx.clock, body.names, settings)]
+        added = inventory.add_nodes(db, ctx.clock, body.names, settings)
+        if body.network is not None:  # all or nothing: a range too small refuses the nodes too
+            networks.assign(db, added, networks.get_network(db, body.network))
+        return [inventory.to_out(n) for n in added]
 
 
 @router.delete("")
@@ -63,4 +67,8 @@ def clone_node(
 ) -> list[NodeOut]:
     request.state.audit_target = f"{name} -> {','.join(body.names)}"
     with tx(ctx) as db:
-        return [inventory.to_out(n) for n in inventory.clone_node(db, ctx.clock, name, body.names)]
+        source = inventory.get_node(db, name)
+        added = inventory.clone_node(db, ctx.clock, name, body.names)
+        for network in networks.networks_of(db, source.id):  # the clones get addresses of their own
+            networks.assign(db, added, network)
+        return [inventory.to_out(n) for n in added]

@@ -1,0 +1,1 @@
+"""Provisioning: networks and node addresses, and the network-boot configuration rendered from them."""
