@@ -213,7 +213,7 @@ def head(tmp_path: Path) -> Iterator[Head]:
 @pytest.fixture
 def heavy() -> Iterator[None]:
     """One CPU-heavy end-to-end test at a time across xdist workers (a 200-node join storm, a simulated
-    job with a straggler): on two cores, two of them together starve each other's heartbeats into
-    false `down` transitions that measure the machine, not gpufleet."""
+    job with a straggler, a head driven by many CLI processes): on two cores, two of them together
+    starve each other's heartbeats into false `down` transitions that measure the machine, not gpufleet."""
     with FileLock(str(Path("/tmp") / "gpufleet-test-heavy-e2e.lock")):
         yield

@@ -16,7 +16,9 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def head(tmp_path: Path) -> Iterator[Head]:
+def head(heavy: None, tmp_path: Path) -> Iterator[Head]:
+    """Under the heavy lock: a head and a dozen CLI processes would starve the 200-node join storm's
+    heartbeats on the other worker."""
     started = Head(tmp_path).start()
     yield started
     started.kill(signal.SIGTERM)

@@ -31,7 +31,9 @@ LOONEY_TUNABLES = {
 
 
 @pytest.fixture
-def head(tmp_path: Path) -> Iterator[Head]:
+def head(heavy: None, tmp_path: Path) -> Iterator[Head]:
+    """Under the heavy lock: a head, simulated agents and CLI processes would starve the 200-node
+    join storm's heartbeats on the other worker."""
     started = Head(tmp_path, env=FAST).start()
     yield started
     started.kill(signal.SIGTERM)
