@@ -16,7 +16,7 @@ from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.provisioning import networks
-from gpufleet.provisioning.dhcp import NetworkView, render_dnsmasq
+from gpufleet.provisioning.dhcp import render_dnsmasq
 from gpufleet.provisioning.networks import NetworkSpec
 from tests.conftest import ROOT, need
 
@@ -122,11 +122,7 @@ def test_macs_are_normalized_unique_and_need_an_address(internal: sessionmaker[S
 
 def render(sessions: sessionmaker[Session]) -> str:
     with transaction(sessions, readonly=True) as s:
-        blocks = []
-        for net in networks.list_networks(s):
-            view = NetworkView(net.name, net.cidr, net.gateway, net.domain, net.boot_server, net.boot_file)
-            blocks.append((view, networks.hosts(s, net)))
-        return render_dnsmasq(blocks, tftp_root="/var/lib/gpufleet/tftp")
+        return render_dnsmasq(networks.boot_plan(s), tftp_root="/var/lib/gpufleet/tftp")
 
 
 def test_the_dhcp_config_of_sixty_four_nodes_is_accepted_by_dnsmasq(

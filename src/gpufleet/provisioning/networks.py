@@ -191,3 +191,8 @@ def hosts(session: Session, network: Network, names: Iterable[str] | None = None
     if names is not None:
         query = query.where(Node.name.in_(list(names)))
     return [HostEntry(node, address, mac, iface) for node, address, mac, iface, _ in session.execute(query)]
+
+
+def boot_plan(session: Session) -> list[tuple[Network, list[HostEntry]]]:
+    """Every network with its hosts, by address: what the network-boot configuration is rendered from."""
+    return [(network, hosts(session, network)) for network in list_networks(session)]

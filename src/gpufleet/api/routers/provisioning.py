@@ -7,13 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
 
 from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.inventory import service as inventory
 from gpufleet.provisioning import networks
-from gpufleet.provisioning.dhcp import NetworkView, render_dnsmasq
+from gpufleet.provisioning.dhcp import render_dnsmasq
 from gpufleet.provisioning.models import Network
 from gpufleet.provisioning.networks import NetworkSpec
 
@@ -45,7 +46,7 @@ class HostOut(BaseModel):
     interface: str
 
 
-def _out(session: object, network: Network) -> NetworkOut:
+def _out(session: Session, network: Network) -> NetworkOut:
     return NetworkOut(
         name=network.name,
         cidr=network.cidr,
@@ -55,7 +56,7 @@ def _out(session: object, network: Network) -> NetworkOut:
         domain=network.domain,
         boot_server=network.boot_server,
         boot_file=network.boot_file,
-        free=networks.free_count(session, network),  # type: ignore[arg-type]
+        free=networks.free_count(session, network),
     )
 
 
@@ -107,8 +108,4 @@ def set_mac(
 def dhcp_config(_: Annotated[Principal, allow(Permission.NODES_READ)], ctx: Ctx, tftp_root: str | None = None) -> str:
     """dnsmasq's DHCP and TFTP configuration for every network: MAC -> address, name and boot file."""
     with tx(ctx, readonly=True) as db:
-        blocks = []
-        for net in networks.list_networks(db):
-            view = NetworkView(net.name, net.cidr, net.gateway, net.domain, net.boot_server, net.boot_file)
-            blocks.append((view, networks.hosts(db, net)))
-    return render_dnsmasq(blocks, tftp_root=tftp_root)
+        return render_dnsmasq(networks.boot_plan(db), tftp_root=tftp_root)
