@@ -150,6 +150,20 @@ class HeadClient:
         raise_for(response)
         return response.text
 
+    # Tasks: slow actions over many nodes, followed while they run.
+    def get_task(self, task_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/tasks/{task_id}")
+        return result
+
+    def list_tasks(self, kind: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit} | ({"kind": kind} if kind else {})
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/tasks", params=params)
+        return result
+
+    def boot_files(self) -> dict[str, str]:
+        result: dict[str, str] = self._call("GET", "/api/v1/provision/boot-files")
+        return result
+
     def create_join_token(self, expires_in_s: int, uses: int) -> dict[str, Any]:
         body = {"expires_in_s": expires_in_s, "uses": uses}
         result: dict[str, Any] = self._call("POST", "/api/v1/tokens/join", json=body)
@@ -355,6 +369,116 @@ class HeadClient:
 
     def remove_health_policy(self, category: str) -> None:
         self._call("DELETE", f"/api/v1/health-policies/{category}")
+
+    # -- categories and node settings (defaults < category < node) --------------------------------
+    def create_category(self, name: str, description: str, settings: dict[str, Any]) -> dict[str, Any]:
+        body = {"name": name, "description": description, "settings": settings}
+        result: dict[str, Any] = self._call("POST", "/api/v1/categories", json=body)
+        return result
+
+    def list_categories(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/categories")
+        return result
+
+    def show_category(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/categories/{name}")
+        return result
+
+    def update_category(
+        self, name: str, set_: dict[str, Any], unset: list[str], description: str | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"set": set_, "unset": unset}
+        if description is not None:
+            body["description"] = description
+        result: dict[str, Any] = self._call("PATCH", f"/api/v1/categories/{name}", json=body)
+        return result
+
+    def remove_category(self, name: str) -> None:
+        self._call("DELETE", f"/api/v1/categories/{name}")
+
+    def update_node_settings(
+        self, name: str, set_: dict[str, Any], unset: list[str], category: str | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"set": set_, "unset": unset} | ({"category": category} if category is not None else {})
+        result: dict[str, Any] = self._call("PATCH", f"/api/v1/nodes/{name}/settings", json=body)
+        return result
+
+    # -- Ansible: the dynamic inventory and playbook runs (tasks) -----------------------------------
+    def ansible_inventory(self, host: str | None = None) -> dict[str, Any]:
+        params = {"host": host} if host is not None else {}
+        result: dict[str, Any] = self._call("GET", "/api/v1/ansible/inventory", params=params)
+        return result
+
+    def ansible_plan(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/ansible/plans", json=spec)
+        return result
+
+    def ansible_run(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/ansible/runs", json=spec)
+        return result
+
+    # -- software images and image sync (tasks) --------------------------------------------------------
+    def list_images(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/images")
+        return result
+
+    def get_image(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/images/{name}")
+        return result
+
+    def create_image(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/images", json=spec)
+        return result
+
+    def plan_image_change(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/images/plans", json=spec)
+        return result
+
+    def clone_image(self, name: str, new_name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/images/{name}/clone", json={"name": new_name})
+        return result
+
+    def install_into_image(self, name: str, packages: list[str]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/images/{name}/install", json={"packages": packages})
+        return result
+
+    def remove_image(self, name: str) -> None:
+        self._call("DELETE", f"/api/v1/images/{name}")
+
+    def sync_images(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/sync", json=spec)
+        return result
+
+    def node_drift(self, node: str, image: str | None = None, target: str | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in (("image", image), ("target", target)) if v is not None}
+        # rsync --checksum reads every file of the image and the node: far longer than a usual call
+        result: dict[str, Any] = self._call("GET", f"/api/v1/nodes/{node}/drift", params=params, timeout=3600.0)
+        return result
+
+    # -- power: nodes' BMCs (the password goes up, never comes back) and power actions (tasks) ------
+    def set_bmc(self, node: str, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("PUT", f"/api/v1/nodes/{node}/bmc", json=spec)
+        return result
+
+    def get_bmc(self, node: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/nodes/{node}/bmc")
+        return result
+
+    def remove_bmc(self, node: str) -> None:
+        self._call("DELETE", f"/api/v1/nodes/{node}/bmc")
+
+    def power_states(self, nodes: str | None = None) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/power", params={"nodes": nodes} if nodes else None)
+        return result
+
+    def power_plan(self, action: str, request: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/power/plans", json={"action": action, **request})
+        return result
+
+    def power_action(self, action: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Start a power task (status, on, off, cycle, reset); returns the task to follow."""
+        result: dict[str, Any] = self._call("POST", f"/api/v1/power/{action}", json=request)
+        return result
 
     # -- jobs ---------------------------------------------------------------------------------------
     def submit_job(self, spec: dict[str, Any]) -> dict[str, Any]:

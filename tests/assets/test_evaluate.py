@@ -219,3 +219,34 @@ def test_the_leaders_pass_alerts_once_per_critical_problem_and_resolves_it(
     assert [(a.rule, a.status) for a in fired[1:]] == [("CriticalVulnerability", "resolved")]
     follower = AssetLoops(sessions=sessions, clock=clock, is_leader=lambda: False)
     assert follower.evaluate_once(force=True) is None
+
+
+def test_images_are_in_the_report_beside_nodes_and_a_new_revision_fixes_them(
+    sessions: sessionmaker[Session], clock: FakeClock, fleet: dict[str, int]
+) -> None:
+    """An advisory's reach includes the images nodes are built from: an image that holds the affected
+    package is listed with the problem, a problem only an image has still shows, and an image's new
+    revision with the fix drops it."""
+    with transaction(sessions) as s:
+        assert store.report_image_software(s, clock, "gpu-bookworm", 1, BOOKWORM, image())
+        assert not store.report_image_software(s, clock, "gpu-bookworm", 2, BOOKWORM, image())  # same content
+        store.report_image_software(s, clock, "jammy-base", 1, Distro("Ubuntu", "22.04"), image())
+        # n1-n3 upgrade glibc and requests: only the images still hold the old glibc.
+        for node_id in fleet.values():
+            store.report_software(s, clock, node_id, BOOKWORM, "6.1.0-18-amd64", image("2.36-9+deb12u3", "2.31.0"))
+    evaluator = Evaluator()
+    assert evaluate(sessions, clock, evaluator).images == 2
+    with transaction(sessions, readonly=True) as s:
+        found = {p.problem: p for p in report.problems(s)}
+        assert (found["CVE-2023-4911"].nodes, found["CVE-2023-4911"].images) == ([], ["gpu-bookworm"])
+        assert found["CVE-2023-4911"].fix_available
+        assert found["CVE-2023-32681"].images == ["gpu-bookworm", "jammy-base"]  # PyPI: any distro
+        assert report.problems(s, node="n1") == []  # a node's report has no images in it
+        assert report.problems(s, statuses=("accepted",)) == []  # images carry no workflow
+
+    with transaction(sessions) as s:  # the image's next revision carries both fixes
+        assert store.report_image_software(s, clock, "gpu-bookworm", 3, BOOKWORM, image("2.36-9+deb12u3", "2.31.0"))
+        store.forget_image(s, "jammy-base")
+    evaluate(sessions, clock, evaluator)
+    with transaction(sessions, readonly=True) as s:
+        assert report.problems(s) == []

@@ -171,7 +171,21 @@ def test_keyboard_only_drain_and_a_viewer_gets_no_buttons(cluster: Head, page: P
 def test_pages_fit_a_laptop_screen(cluster: Head, page: Page) -> None:
     """At 1280x800 no page scrolls sideways (tables that could, scroll inside themselves)."""
     log_in(page, cluster)
-    for path in ("/", "/nodes", "/gpus", "/jobs", "/jobs/usage", "/alerts", "/logs", "/software", "/nodes/sim001"):
+    pages = (
+        "/",
+        "/nodes",
+        "/gpus",
+        "/jobs",
+        "/jobs/usage",
+        "/alerts",
+        "/logs",
+        "/software",
+        "/categories",
+        "/images",
+        "/power",
+        "/tasks",
+    )
+    for path in (*pages, "/nodes/sim001"):
         page.goto(cluster.url + path)
         expect(page.locator("h1")).to_be_visible()
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")

@@ -12,7 +12,7 @@ import pytest
 from tests.e2e.conftest import Head, cli_json, run_cli
 from tests.provisioning.test_networks import dnsmasq
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.dnsmasq]
 
 
 @pytest.fixture
@@ -66,7 +66,14 @@ def test_sixty_four_nodes_get_addresses_and_a_dhcp_config_dnsmasq_accepts(head: 
     written = cli(
         tmp_path, head, "provision", "dhcp-config", "--output", str(conf), "--tftp-root", str(tmp_path / "tftp")
     )
-    assert "(64 hosts)" in written
+    assert "(64 hosts), 65 iPXE scripts" in written
+    scripts = tmp_path / "tftp"
+    assert (
+        "chain --autofree tftp://${next-server}/nodes/${net0/mac:hexhyp}.ipxe"
+        in (scripts / "gpufleet.ipxe").read_text()
+    )
+    assert len(list((scripts / "nodes").glob("*.ipxe"))) == 64
+    assert "node001 has no software image" in (scripts / "nodes" / "52-54-00-aa-00-01.ipxe").read_text()
     checked = subprocess.run(
         [dnsmasq(), "--test", f"--conf-file={conf}"], capture_output=True, text=True, timeout=30, check=False
     )

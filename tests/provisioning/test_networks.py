@@ -125,6 +125,7 @@ def render(sessions: sessionmaker[Session]) -> str:
         return render_dnsmasq(networks.boot_plan(s), tftp_root="/var/lib/gpufleet/tftp")
 
 
+@pytest.mark.dnsmasq
 def test_the_dhcp_config_of_sixty_four_nodes_is_accepted_by_dnsmasq(
     internal: sessionmaker[Session], clock: FakeClock, tmp_path: Path
 ) -> None:

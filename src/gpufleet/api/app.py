@@ -24,7 +24,9 @@ from gpufleet.api.hub import ChannelHub
 from gpufleet.api.limits import BodySizeLimit
 from gpufleet.api.routers import (
     agent,
+    ansible,
     audit_log,
+    categories,
     job_metrics,
     logs,
     nodes,
@@ -39,16 +41,25 @@ from gpufleet.api.routers import (
     assets as assets_routes,
 )
 from gpufleet.api.routers import (
+    images as image_routes,
+)
+from gpufleet.api.routers import (
     jobs as job_routes,
 )
 from gpufleet.api.routers import (
     monitoring as monitoring_routes,
 )
 from gpufleet.api.routers import (
+    power as power_routes,
+)
+from gpufleet.api.routers import (
     provisioning as provisioning_routes,
 )
 from gpufleet.api.routers import (
     slurm as slurm_routes,
+)
+from gpufleet.api.routers import (
+    tasks as task_routes,
 )
 from gpufleet.api.templates import STATIC_DIR, StaticFiles
 from gpufleet.auth import identity
@@ -67,6 +78,7 @@ from gpufleet.monitoring.health import HealthJudge
 from gpufleet.monitoring.store import Retention
 from gpufleet.monitoring.tracker import HealthTracker
 from gpufleet.protocol.software import MAX_SOFTWARE_BYTES
+from gpufleet.tasks.runner import TaskRunner
 from gpufleet.workers.asset_loops import AssetLoops
 from gpufleet.workers.head_loops import HeadLoops
 from gpufleet.workers.job_loops import JobLoops
@@ -109,15 +121,30 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     logs.router,
     assets_routes.router,
     provisioning_routes.router,
+    ansible.router,
+    categories.router,
     users.router,
     projects.router,
     monitoring_routes.router,
     slurm_routes.router,
     slurm_accounts.router,
+    task_routes.router,
+    power_routes.router,
+    image_routes.router,
 )
 # Routers served outside /api/v1 whose routes name a permission (GET /metrics, where Prometheus
 # looks); the route x role matrix test walks these too.
 ROOT_ROUTERS: tuple[APIRouter, ...] = (prometheus_metrics.router,)
+
+
+@contextlib.asynccontextmanager
+async def _serving(runner: TaskRunner) -> AsyncIterator[None]:
+    """Tasks a stopped head left unfinished are marked interrupted; ours get a moment to end at shutdown."""
+    await asyncio.to_thread(runner.interrupt_stale)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(runner.close)
 
 
 def _served_ca(settings: Settings) -> str | None:
@@ -218,6 +245,7 @@ def create_app(
         jobs=jobs,
         identity=identity.provider(settings.identity_provider),
         throttle=LoginThrottle(clock),
+        tasks=TaskRunner(sessions, clock),
         assets=assets,
     )
 
@@ -231,7 +259,8 @@ def create_app(
         runs = (loops.run(stop), monitoring.run(stop), jobs.run(stop), assets.run(stop)) if run_loops else ()
         tasks = [asyncio.create_task(run) for run in runs]
         try:
-            yield
+            async with _serving(ctx.tasks):
+                yield
         finally:
             stop.set()
             for task in tasks:
@@ -256,8 +285,7 @@ def create_app(
     app.include_router(api)
     app.include_router(dashboard.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    app.include_router(web_login.router)
-    for router in ROOT_ROUTERS:
+    for router in (web_login.router, *ROOT_ROUTERS):
         app.include_router(router)
 
     @app.get("/api/openapi.json", include_in_schema=False, dependencies=[allow(Permission.API_SCHEMA)])
@@ -284,6 +312,8 @@ def create_app(
     bulk = {
         f"{API_PREFIX}/agent/software": MAX_SOFTWARE_BYTES,
         f"{API_PREFIX}/cve/advisories": assets_routes.MAX_ADVISORY_BATCH_BYTES,
+        f"{API_PREFIX}/ansible/runs": ansible.MAX_RUN_BYTES,
+        f"{API_PREFIX}/ansible/plans": ansible.MAX_RUN_BYTES,
     }
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes, larger=bulk)
     app.add_middleware(AuditMiddleware)  # outermost: records even what the size limit refuses

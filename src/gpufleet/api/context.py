@@ -11,6 +11,7 @@ from gpufleet.auth.identity import IdentityProvider
 from gpufleet.auth.throttle import LoginThrottle
 from gpufleet.core.clock import Clock
 from gpufleet.core.config import Settings
+from gpufleet.tasks.runner import TaskRunner
 from gpufleet.workers.asset_loops import AssetLoops
 from gpufleet.workers.head_loops import HeadLoops
 from gpufleet.workers.job_loops import JobLoops
@@ -28,6 +29,7 @@ class HeadContext:
     jobs: JobLoops
     identity: IdentityProvider
     throttle: LoginThrottle
+    tasks: TaskRunner  # slow actions (bulk power, image sync, Ansible) run here, recorded as tasks
     assets: AssetLoops | None = None  # the leader's asset pass (tests drive it by hand)
     ca_pem: str | None = None  # the CA agents pin when the head serves TLS (see core.tls)
     ca_fingerprint: str | None = None

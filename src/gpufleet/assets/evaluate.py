@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Table, bindparam, insert, select, update
+from sqlalchemy import Connection, Table, bindparam, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.assets import store
 from gpufleet.assets.matching import Matcher
-from gpufleet.assets.models import FindingRecord, NodeSoftware, SoftwareSet
+from gpufleet.assets.models import FindingRecord, ImageFinding, ImageSoftware, NodeSoftware, SoftwareSet
 from gpufleet.assets.records import Distro, Finding, Installed
 from gpufleet.core.clock import Clock
 
@@ -39,6 +39,7 @@ BY_GPUFLEET = "gpufleet"
 class Evaluation:
     nodes: int = 0
     sets: int = 0
+    images: int = 0
     opened: int = 0
     reopened: int = 0
     updated: int = 0
@@ -73,6 +74,14 @@ def _wanted(finding: Finding) -> tuple[_KeyTail, _Wanted]:
     return (finding.advisory.key(), pkg.ecosystem, pkg.name, pkg.location or ""), (values, signature)
 
 
+def _image_row(image: str, tail: _KeyTail, values: dict[str, Any]) -> dict[str, Any]:
+    problem, ecosystem, package, location = tail
+    keep = ("advisory_id", "installed", "fixed", "severity", "cvss_score")
+    return {"image": image, "problem": problem, "ecosystem": ecosystem, "package": package, "location": location} | {
+        k: values[k] for k in keep
+    }
+
+
 class Evaluator:
     def __init__(self) -> None:
         self._version: tuple[int, float] | None = None
@@ -81,11 +90,18 @@ class Evaluator:
         self._interned: dict[tuple[str | None, ...], Installed] = {}  # one object per distinct package
 
     def state(self, session: Session) -> tuple[Any, ...]:
-        """What a pass depends on: it changes when advisories or any node's software do."""
+        """What a pass depends on: it changes when advisories, any node's software or any image's do."""
         software = session.execute(
             select(NodeSoftware.node_id, NodeSoftware.digest, NodeSoftware.changed_at).order_by(NodeSoftware.node_id)
         ).all()
-        return (store.advisories_version(session), hash(tuple(tuple(r) for r in software)))
+        images = session.execute(
+            select(ImageSoftware.image, ImageSoftware.digest, ImageSoftware.changed_at).order_by(ImageSoftware.image)
+        ).all()
+        return (
+            store.advisories_version(session),
+            hash(tuple(tuple(r) for r in software)),
+            hash(tuple(tuple(r) for r in images)),
+        )
 
     def _matcher_for(self, session: Session) -> Matcher:
         version = store.advisories_version(session)
@@ -112,20 +128,36 @@ class Evaluator:
         nodes = session.execute(
             select(software.node_id, software.digest, software.distro_ecosystem, software.distro_release)
         ).all()
-        for node_id, digest, ecosystem, release in nodes:
+
+        def judged(digest: str, ecosystem: str | None, release: str | None) -> list[tuple[_KeyTail, _Wanted]]:
             distro = Distro(ecosystem, release) if ecosystem and release else None
             wanted = by_set.get((digest, distro))
             if wanted is None:
                 scanned = matcher.scan(self._packages(session, digest), distro)
                 wanted = by_set[(digest, distro)] = [_wanted(f) for f in scanned.findings]
                 result.unjudged += len(scanned.unjudged)
-            for tail, want in wanted:
+            return wanted
+
+        for node_id, digest, ecosystem, release in nodes:
+            for tail, want in judged(digest, ecosystem, release):
                 desired[(node_id, *tail)] = want
+        image = ImageSoftware
+        images = session.execute(select(image.image, image.digest, image.distro_ecosystem, image.distro_release)).all()
+        image_rows = [
+            _image_row(name, tail, want)
+            for name, digest, ecosystem, release in images
+            for tail, (want, _) in judged(digest, ecosystem, release)
+        ]
         self._sets = {digest: self._sets[digest] for digest, _ in by_set if digest in self._sets}
         if len(self._interned) > 4 * sum(len(p) for p in self._sets.values()):
             self._interned = {}  # sets came and went: start afresh rather than grow
-        result.nodes, result.sets = len(nodes), len(by_set)
+        result.nodes, result.sets, result.images = len(nodes), len(by_set), len(images)
         self._apply(session, clock.now(), desired, result)
+        # A handful of images: replacing their findings wholesale is simpler than diffing, and they
+        # carry no workflow to keep.
+        session.execute(delete(ImageFinding))
+        if image_rows:
+            session.execute(insert(ImageFinding), image_rows)
         result.seconds = time.perf_counter() - started
         return result
 

@@ -5,6 +5,10 @@
   and matching judges each set once.
 - `node_software`: which set each node runs now, its distro and kernel, and when it last changed.
 - `advisories`: every advisory imported (OSV, NVD, CSAF), with what it affects, as JSON.
+- `image_software`: which set each software image holds (provisioning records it at every revision),
+  so an advisory's reach includes the images nodes will be built from, not only the nodes running now.
+- `image_findings`: what affects each image, recomputed by every evaluation that sees the images or the
+  advisories change. Images carry no workflow: an image is fixed by a new revision, not a verdict.
 - `findings`: one row per (node, problem, package): an advisory affects a package installed on a
   node. Findings carry a workflow (open, accepted, mitigated, fixed) with who and why; a finding
   whose package was upgraded past the fix is marked fixed by the next evaluation, and reopens if the
@@ -89,3 +93,33 @@ class FindingRecord(Base):
     status_at: Mapped[float | None] = mapped_column(Float)
     first_seen: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)  # the evaluation or person that last changed it
+
+
+class ImageSoftware(Base):
+    __tablename__ = "image_software"
+
+    # The image's name, not a foreign key: images belong to provisioning, a layer above this one,
+    # which tells us when one is removed (store.forget_image).
+    image: Mapped[str] = mapped_column(String(128), primary_key=True)
+    digest: Mapped[str] = mapped_column(ForeignKey("software_sets.digest"), index=True)
+    distro_ecosystem: Mapped[str | None] = mapped_column(String(32))
+    distro_release: Mapped[str | None] = mapped_column(String(32))
+    revision: Mapped[int] = mapped_column(Integer)  # the image revision these packages were read from
+    changed_at: Mapped[float] = mapped_column(Float)
+
+
+class ImageFinding(Base):
+    __tablename__ = "image_findings"
+    __table_args__ = (UniqueConstraint("image", "problem", "ecosystem", "package", "location"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    image: Mapped[str] = mapped_column(String(128))
+    problem: Mapped[str] = mapped_column(String(128), index=True)
+    advisory_id: Mapped[str] = mapped_column(String(128))
+    ecosystem: Mapped[str] = mapped_column(String(32))
+    package: Mapped[str] = mapped_column(String(256))
+    location: Mapped[str] = mapped_column(String(256), default="")
+    installed: Mapped[str] = mapped_column(String(256))
+    fixed: Mapped[str | None] = mapped_column(String(256))
+    severity: Mapped[str] = mapped_column(String(16))
+    cvss_score: Mapped[float | None] = mapped_column(Float)

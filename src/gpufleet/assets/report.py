@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpufleet.assets.models import FINDING_STATUSES, AdvisoryRecord, FindingRecord
+from gpufleet.assets.models import FINDING_STATUSES, AdvisoryRecord, FindingRecord, ImageFinding
 from gpufleet.assets.records import SEVERITIES
 from gpufleet.core.clock import Clock
 from gpufleet.core.errors import InvalidInput, NotFound
@@ -43,6 +43,7 @@ class ProblemReport:
     nodes: list[str]
     packages: list[PackageImpact] = field(default_factory=list)
     statuses: dict[str, int] = field(default_factory=dict)
+    images: list[str] = field(default_factory=list)  # software images that hold an affected package
 
     @property
     def hostlist(self) -> str:
@@ -86,9 +87,22 @@ def problems(
     grouped: dict[str, list[tuple[FindingRecord, str]]] = defaultdict(list)
     for finding, name in session.execute(query).all():
         grouped[finding.problem].append((finding, name))
+    # Images have no workflow: what affects one is open until a new revision fixes it. A report about
+    # one node has no images in it.
+    in_images: dict[str, list[ImageFinding]] = defaultdict(list)
+    if node is None and "open" in _statuses(statuses):
+        images = select(ImageFinding).where(ImageFinding.severity.in_(_severities_from(severity)))
+        if problem is not None:
+            images = images.where(ImageFinding.problem == problem)
+        for row in session.scalars(images):
+            in_images[row.problem].append(row)
     leading = {f.advisory_id for rows in grouped.values() for f, _ in rows}
+    leading |= {f.advisory_id for key, rows in in_images.items() if key not in grouped for f in rows}
     advisories = {a.id: a for a in session.scalars(select(AdvisoryRecord).where(AdvisoryRecord.id.in_(leading)))}
     reports = [_problem(key, rows, advisories) for key, rows in grouped.items()]
+    reports += [_image_problem(key, rows, advisories) for key, rows in in_images.items() if key not in grouped]
+    for report in reports:
+        report.images = sorted({row.image for row in in_images.get(report.problem, ())})
     rank: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
     reports.sort(key=lambda r: (rank.get(r.severity, len(rank)), -len(r.nodes), r.problem))
     return reports
@@ -120,6 +134,31 @@ def _problem(key: str, rows: list[tuple[FindingRecord, str]], advisories: dict[s
         nodes=sorted({name for _, name in rows}),
         packages=sorted(packages.values(), key=lambda p: (p.ecosystem, p.package)),
         statuses=dict(Counter(f.status for f, _ in rows)),
+    )
+
+
+def _image_problem(key: str, rows: list[ImageFinding], advisories: dict[str, AdvisoryRecord]) -> ProblemReport:
+    """A problem found only in images: no node runs the affected package yet."""
+    lead = max(rows, key=lambda r: r.cvss_score or 0.0)
+    advisory = advisories.get(lead.advisory_id)
+    packages: dict[tuple[str, str], PackageImpact] = {}
+    for row in rows:
+        impact = packages.setdefault((row.ecosystem, row.package), PackageImpact(row.ecosystem, row.package, [], None))
+        if row.installed not in impact.installed:
+            impact.installed.append(row.installed)
+        impact.fixed = impact.fixed or row.fixed
+    return ProblemReport(
+        problem=key,
+        advisory=lead.advisory_id,
+        also=sorted({r.advisory_id for r in rows} - {lead.advisory_id}),
+        aliases=json.loads(advisory.aliases) if advisory else [],
+        summary=advisory.summary if advisory else "",
+        severity=lead.severity,
+        cvss_score=lead.cvss_score,
+        cvss_vector=advisory.cvss_vector if advisory else None,
+        fix_available=all(p.fixed for p in packages.values()),
+        nodes=[],
+        packages=sorted(packages.values(), key=lambda p: (p.ecosystem, p.package)),
     )
 
 

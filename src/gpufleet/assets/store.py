@@ -17,11 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from gpufleet.assets.matching import AdvisoryIndex, targets
-from gpufleet.assets.models import AdvisoryRecord, NodeSoftware, SoftwareSet
+from gpufleet.assets.models import AdvisoryRecord, ImageFinding, ImageSoftware, NodeSoftware, SoftwareSet
 from gpufleet.assets.records import Advisory, Distro, Installed, advisory_to_json, affected_from_json
 from gpufleet.core.clock import Clock
 from gpufleet.inventory.models import Node
@@ -65,11 +65,8 @@ def report_software(
     packages: list[Installed],
 ) -> bool:
     """Record what a node runs now; True when it differs from what it ran before."""
-    digest, blob, count = encode_set(packages)
     now = clock.now()
-    if session.get(SoftwareSet, digest) is None:
-        session.add(SoftwareSet(digest=digest, packages=blob, count=count, first_seen=now))
-        session.flush()
+    digest = _store_set(session, packages, now)
     current = session.get(NodeSoftware, node_id)
     facts = {
         "digest": digest,
@@ -87,6 +84,44 @@ def report_software(
         setattr(current, k, v)
     current.changed_at = now
     return True
+
+
+def _store_set(session: Session, packages: list[Installed], now: float) -> str:
+    digest, blob, count = encode_set(packages)
+    if session.get(SoftwareSet, digest) is None:
+        session.add(SoftwareSet(digest=digest, packages=blob, count=count, first_seen=now))
+        session.flush()
+    return digest
+
+
+def report_image_software(
+    session: Session, clock: Clock, image: str, revision: int, distro: Distro | None, packages: list[Installed]
+) -> bool:
+    """Record what a software image holds at `revision`; True when its packages or distro changed."""
+    now = clock.now()
+    digest = _store_set(session, packages, now)
+    facts = {
+        "digest": digest,
+        "distro_ecosystem": distro.ecosystem if distro else None,
+        "distro_release": distro.release if distro else None,
+    }
+    current = session.get(ImageSoftware, image)
+    if current is None:
+        session.add(ImageSoftware(image=image, revision=revision, changed_at=now, **facts))
+        return True
+    current.revision = revision
+    if all(getattr(current, k) == v for k, v in facts.items()):
+        return False
+    for k, v in facts.items():
+        setattr(current, k, v)
+    current.changed_at = now
+    return True
+
+
+def forget_image(session: Session, image: str) -> None:
+    """An image was removed: it affects nothing any more."""
+    session.execute(delete(ImageFinding).where(ImageFinding.image == image))
+    session.execute(delete(ImageSoftware).where(ImageSoftware.image == image))
 
 
 def node_name(session: Session, node_id: int) -> str:

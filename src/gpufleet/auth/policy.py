@@ -41,6 +41,13 @@ class Permission(enum.StrEnum):
     AGENT_REPORT = "agent:report"  # a node reporting about itself
     ASSETS_READ = "assets:read"  # installed software, advisories and findings: which nodes are vulnerable
     CVE_WRITE = "cve:write"  # import advisories, set a finding's status (accepted risk, mitigated, ...)
+    IMAGES_READ = "images:read"  # software images, their history, what a sync would change, a node's drift
+    IMAGES_WRITE = "images:write"  # create, clone, remove images, install packages into them, sync nodes
+    # Run Ansible playbooks on nodes. Admins only: a playbook also runs code on the head itself
+    # (`delegate_to: localhost`, lookups), as the head's user, which reads the head's secrets.
+    ANSIBLE_RUN = "ansible:run"
+    POWER_READ = "power:read"  # nodes' BMCs (never their passwords) and their power state, read live
+    POWER_WRITE = "power:write"  # set BMCs, power nodes on, off, cycle and reset
 
 
 _READ_CLUSTER = frozenset(
@@ -70,6 +77,10 @@ POLICY: dict[Role, frozenset[Permission]] = {
         Permission.JOBS_SUBMIT,
         Permission.ASSETS_READ,
         Permission.CVE_WRITE,
+        Permission.IMAGES_READ,
+        Permission.IMAGES_WRITE,
+        Permission.POWER_READ,
+        Permission.POWER_WRITE,
     },
     Role.MEMBER: _READ_CLUSTER | {Permission.JOBS_SUBMIT},
     Role.VIEWER: _READ_CLUSTER,

@@ -9,19 +9,24 @@ import typer
 
 from gpufleet import __version__
 from gpufleet.cli import (
+    ansible,
     assets,
     audit,
+    categories,
     config,
     cve,
     export,
+    images,
     jobs,
     logs,
     monitoring,
     nodes,
+    power,
     projects,
     provision,
     slurm,
     slurm_accounts,
+    tasks,
     tokens,
     users,
 )
@@ -72,7 +77,15 @@ app.add_typer(cve.app, name="cve")
 app.add_typer(assets.app, name="assets")
 app.add_typer(provision.network_app, name="network")
 app.add_typer(provision.provision_app, name="provision")
+app.add_typer(tasks.app, name="task")
+app.add_typer(ansible.app, name="ansible")
+app.add_typer(images.app, name="image")
+app.add_typer(power.power_app, name="power")
+app.add_typer(power.bmc_app, name="bmc")
 nodes.app.command("set-mac")(provision.set_mac)
+app.add_typer(categories.app, name="category")
+nodes.app.command("set")(categories.node_set)
+nodes.app.command("unset")(categories.node_unset)
 slurm.app.add_typer(slurm_accounts.app, name="accounts")
 app.command("health")(monitoring.health)
 app.command("login")(config.login)

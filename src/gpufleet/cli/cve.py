@@ -189,7 +189,9 @@ class ReportFormat(enum.StrEnum):
     csv = "csv"
 
 
-REPORT_COLUMNS = ["problem", "severity", "cvss_score", "advisory", "fix_available", "nodes", "packages", "summary"]
+REPORT_COLUMNS = [
+    "problem", "severity", "cvss_score", "advisory", "fix_available", "nodes", "images", "packages", "summary",
+]  # fmt: skip
 
 
 @app.command("report")
@@ -209,6 +211,7 @@ def report(
         p
         | {
             "nodes": f"{len(p['nodes'])}: {p['hostlist']}",
+            "images": ", ".join(p.get("images", [])),
             "packages": "; ".join(
                 f"{x['package']} {'/'.join(x['installed'])} -> {x['fixed'] or 'no fix'}" for x in p["packages"]
             ),
@@ -224,6 +227,7 @@ def report(
             ("severity", "Severity"),
             ("problem", "Problem"),
             ("nodes", "Nodes"),
+            ("images", "Images"),
             ("packages", "Packages"),
             ("summary", "Summary"),
         ],

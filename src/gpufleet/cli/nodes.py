@@ -1,4 +1,4 @@
-"""gpufleet node add|list|show|remove|clone|drain|resume"""
+"""gpufleet node add|list|show|remove|clone|drain|resume (node set|unset: cli.categories)"""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ from typing import Annotated, Any
 
 import typer
 
+from gpufleet.cli.categories import settings_table
 from gpufleet.cli.output import Format, OutputOpt, fields, print_json, table
 from gpufleet.cli.state import state
 from gpufleet.core import hostlist
 from gpufleet.core.errors import InvalidInput
 
-app = typer.Typer(help="Nodes: add, list, show, remove, clone, drain, resume.", no_args_is_help=True)
+app = typer.Typer(help="Nodes: add, list, show, set, unset, remove, clone, drain, resume.", no_args_is_help=True)
 
 LIST_COLUMNS = [
     ("name", "Node"),
@@ -23,6 +24,7 @@ LIST_COLUMNS = [
     ("category", "Category"),
     ("last_seen", "Last heartbeat"),
     ("drain", "Drained"),
+    ("power_state", "Power"),
 ]
 WLM_COLUMN = ("wlm_state", "Slurm")  # shown when the workload manager is Slurm
 Names = Annotated[list[str], typer.Argument(help="node names or hostlist expressions, e.g. gpu[001-016]")]
@@ -88,7 +90,7 @@ def _list_row(node: dict[str, Any]) -> dict[str, Any]:
 
 @app.command("show")
 def show(ctx: typer.Context, name: str, output: Format = OutputOpt) -> None:
-    """Show one node: inventory, GPUs and state history."""
+    """Show one node: inventory, GPUs, settings with their origin, and state history."""
     node = state(ctx).client().show_node(name)
     if output is Format.json:
         print_json(node)
@@ -99,6 +101,7 @@ def show(ctx: typer.Context, name: str, output: Format = OutputOpt) -> None:
             ("name", "Name"),
             ("state", "State"),
             ("state_since", "Since"),
+            ("power_state", "Power"),
             ("last_seen", "Last heartbeat"),
             ("hostname", "Hostname"),
             ("category", "Category"),
@@ -129,6 +132,8 @@ def show(ctx: typer.Context, name: str, output: Format = OutputOpt) -> None:
         ],
         title="GPUs",
     )
+    if node.get("settings"):  # heads before categories have none
+        settings_table(node["settings"], "Settings (defaults < category < node)")
     table(
         node["transitions"],
         [("at", "At"), ("from_state", "From"), ("to_state", "To"), ("reason", "Reason")],
@@ -160,7 +165,7 @@ def clone(
     dry_run: DryRun = False,
     output: Format = OutputOpt,
 ) -> None:
-    """Create new nodes with the settings (category, labels) of SOURCE."""
+    """Create new nodes with the settings (category, labels, its own setting values) of SOURCE."""
     client = state(ctx).client()
     if dry_run:
         src = client.show_node(source)

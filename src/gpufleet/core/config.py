@@ -129,6 +129,47 @@ class Settings(BaseSettings):
         Path("/run/gpufleet/slurm-jobs"),
         description="(agent) where gpufleet's Slurm prolog records which job holds which GPU",
     )
+    # Ansible runs (provisioning.ansible): playbooks run by the head through ansible-runner
+    ansible_timeout_s: float = Field(
+        3600.0, ge=1, le=7 * 86400, description="how long one Ansible run may take before it is stopped"
+    )
+    ansible_task_timeout_s: int = Field(
+        900, ge=0, le=86400, description="how long one task may take on one host (Ansible's TASK_TIMEOUT); 0: none"
+    )
+    ansible_forks: int = Field(20, ge=1, le=1000, description="hosts an Ansible run works on at once")
+    # Software images and image sync (provisioning.images, provisioning.sync)
+    images_dir: Path | None = Field(None, description="where the head keeps software images; None: data_dir/images")
+    image_mirror: str = Field("http://deb.debian.org/debian", description="Debian mirror debootstrap uses by default")
+    image_ubuntu_mirror: str = Field(
+        "http://archive.ubuntu.com/ubuntu", description="mirror debootstrap uses for Ubuntu releases by default"
+    )
+    image_command_timeout_s: float = Field(
+        3600.0, gt=0, le=86400, description="how long debootstrap, tar, cp or apt may run on an image"
+    )
+    image_sync_limit: int = Field(8, ge=1, le=1000, description="nodes an image sync writes to at once")
+    image_sync_timeout_s: float = Field(3600.0, gt=0, le=86400, description="how long one node's rsync may run")
+    image_sync_excludes: list[str] = Field(
+        default_factory=list, description="rsync patterns no image sync touches, beyond the built-in ones"
+    )
+    image_sync_ssh_key: Path | None = Field(None, description="private key ssh uses for image sync; None: ssh's own")
+    image_sync_ssh_port: int = Field(22, ge=1, le=65535, description="port of the nodes' sshd for image sync")
+    image_sync_ssh_options: list[str] = Field(
+        default_factory=lambda: ["BatchMode=yes", "StrictHostKeyChecking=accept-new"],
+        description="ssh -o options for image sync (KEY=VALUE)",
+    )
+    # Power through nodes' BMCs (power): Redfish and IPMI
+    power_fanout: int = Field(16, ge=1, le=1024, description="BMCs a bulk power action works on at once")
+    power_stagger_s: float = Field(
+        0.5, ge=0, le=60, description="seconds between power-ons in a bulk action (power-on inrush)"
+    )
+    power_confirm_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="how long a node's power may take to reach the wanted state"
+    )
+    bmc_timeout_s: float = Field(10.0, gt=0, le=300, description="how long one request to a BMC may take")
+    bmc_key_file: Path | None = Field(
+        None, description="key that encrypts BMC passwords (made 0600 on first use); None: data_dir/bmc.key"
+    )
+    ipmi_cipher_suite: int = Field(3, ge=0, le=17, description="ipmitool -C: the RMCP+ cipher suite of IPMI BMCs")
     identity_provider: str = Field("local", description="who checks user names and passwords (local)")
     web_session_ttl_s: int = Field(12 * 3600, ge=60, le=30 * 24 * 3600, description="how long a web login lasts")
     tls_cert: Path | None = Field(

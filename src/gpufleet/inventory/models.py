@@ -1,4 +1,4 @@
-"""Tables for nodes, their GPUs and their state history."""
+"""Tables for nodes, their GPUs, their state history and their categories."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ class Node(Base):
     # Settings that `node clone` copies.
     category: Mapped[str | None] = mapped_column(String(64), default=None)
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # The node's own values of the category settings (inventory.categories): only the keys set here.
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # Liveness: the last durable heartbeat receipt, and the agent's period.
     last_seen: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     heartbeat_interval_s: Mapped[float | None] = mapped_column(Float, default=None)
@@ -59,6 +61,21 @@ class Node(Base):
     gpus: Mapped[list[Gpu]] = relationship(
         back_populates="node", cascade="all, delete-orphan", order_by="Gpu.index", lazy="selectin"
     )
+
+
+class Category(Base):
+    """A named group of nodes and the settings they inherit (inventory.categories). Nodes name their
+    category in `nodes.category`, by name, so a node added to a category not created yet still works
+    (the category is made for it)."""
+
+    __tablename__ = "categories"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str] = mapped_column(String(512), default="")
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # only the keys set here
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class Gpu(Base):

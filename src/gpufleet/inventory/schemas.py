@@ -52,6 +52,7 @@ class NodeOut(BaseModel):
     drain_reason: str | None = None  # set while the node is drained
     drained_by: str | None = None  # who drained it: an actor, "gpufleet", or "slurm:<user>" for a drain set in Slurm
     wlm_state: str | None = None  # the workload manager's word for it (Slurm: idle, mixed, drained, down*...)
+    power_state: str | None = None  # what its BMC said last (gpufleet.power fills it in); None without a BMC
 
 
 class TransitionOut(BaseModel):
@@ -61,6 +62,13 @@ class TransitionOut(BaseModel):
     from_state: NodeState
     to_state: NodeState
     reason: str
+
+
+class SettingOut(BaseModel):
+    """A node's value of one setting and where it came from: "default", "category" or "node"."""
+
+    value: Any
+    origin: str
 
 
 class NodeDetail(NodeOut):
@@ -77,3 +85,6 @@ class NodeDetail(NodeOut):
     inventory_at: datetime | None
     gpus: list[GpuInfo]
     transitions: list[TransitionOut]
+    # Every setting (inventory.categories) with its origin; the health policy in force is added by
+    # the API as "health_policy" (its origin "category" or "default").
+    settings: dict[str, SettingOut] = Field(default_factory=dict)

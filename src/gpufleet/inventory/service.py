@@ -12,8 +12,9 @@ from sqlalchemy.orm import Session
 from gpufleet.core import hostlist
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Conflict, InvalidInput, NotFound
+from gpufleet.inventory import categories
 from gpufleet.inventory.models import Gpu, Node, NodeTransition
-from gpufleet.inventory.schemas import NodeDetail, NodeOut, NodeSettings, TransitionOut
+from gpufleet.inventory.schemas import NodeDetail, NodeOut, NodeSettings, SettingOut, TransitionOut
 from gpufleet.inventory.states import NodeState, allowed
 from gpufleet.protocol.inventory import GpuInfo, NodeInventory
 from gpufleet.protocol.messages import NODE_NAME_PATTERN
@@ -46,6 +47,7 @@ def add_nodes(session: Session, clock: Clock, expressions: list[str], settings: 
     existing = _by_names(session, names)
     if existing:
         raise Conflict(f"node already exists: {hostlist.collect(sorted(existing))}")
+    categories.ensure(session, clock, settings.category)  # see inventory.categories: made, not refused
     now = to_datetime(clock.now())
     nodes = [
         Node(
@@ -153,10 +155,15 @@ def remove_nodes(session: Session, expressions: list[str]) -> dict[str, int]:
 
 
 def clone_node(session: Session, clock: Clock, source: str, expressions: list[str]) -> list[Node]:
-    """New nodes with the source's settings (category, labels); inventory and state are their own."""
+    """New nodes with the source's settings (category, labels, its own setting values); inventory and
+    state are their own."""
     src = get_node(session, source)
     settings = NodeSettings(category=src.category, labels=dict(src.labels))
-    return add_nodes(session, clock, expressions, settings)
+    added = add_nodes(session, clock, expressions, settings)
+    for node in added:
+        node.settings = dict(src.settings or {})
+    session.flush()
+    return added
 
 
 def join(session: Session, clock: Clock, name: str) -> Node:
@@ -278,4 +285,5 @@ def to_detail(session: Session, node: Node) -> NodeDetail:
             for g in node.gpus
         ],
         transitions=[TransitionOut.model_validate(t) for t in transitions],
+        settings={k: SettingOut(value=r.value, origin=r.origin) for k, r in categories.resolve(session, node).items()},
     )

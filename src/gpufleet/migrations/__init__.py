@@ -25,7 +25,10 @@ def metadata() -> MetaData:
     from gpufleet.jobs import models as _jobs  # noqa: F401
     from gpufleet.logs import models as _logs  # noqa: F401
     from gpufleet.monitoring import models as _monitoring  # noqa: F401
+    from gpufleet.power import models as _power  # noqa: F401
+    from gpufleet.provisioning import image_models as _images  # noqa: F401
     from gpufleet.provisioning import models as _provisioning  # noqa: F401
+    from gpufleet.tasks import models as _tasks  # noqa: F401
 
     return Base.metadata
 

@@ -70,6 +70,8 @@ class NodeSnapshot:
     metrics_age_s: float | None = None  # seconds since the last sample arrived; None: none yet
     metrics_interval_s: float = 5.0
     checks: Sequence[CheckResult] = ()  # the node's own checks (custom executables, services, mounts)
+    gpu_model: str | None = None  # the model its GPUs must be (the `gpu_model` setting), matched as a substring
+    gpu_models: Sequence[str] = ()  # the inventoried GPUs' models, by index
 
     _gpus: dict[int, dict[int, Values]] = field(default_factory=dict, repr=False)  # by id(sample)
 
@@ -98,6 +100,13 @@ def check_gpu_count(node: NodeSnapshot, _policy: HealthPolicy) -> list[Finding]:
         seen = len(node.gpus())
         if seen < node.expected_gpus and not lost:
             findings.append(Finding("gpu_count", "failed", f"{seen} of {node.expected_gpus} GPUs report"))
+    if node.gpu_model:
+        # A wrong model is a wrong part or a wrong category, for a person to look at: degraded, not drained.
+        wrong = sorted({m for m in node.gpu_models if node.gpu_model.casefold() not in m.casefold()})
+        if wrong:
+            findings.append(
+                Finding("gpu_count", "degraded", f"GPU model {', '.join(wrong)}, expected {node.gpu_model}")
+            )
     return findings
 
 

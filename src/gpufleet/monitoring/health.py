@@ -7,8 +7,11 @@ whose verdict changed, or that must be drained or resumed, costs a database writ
 - a node gpufleet drained is resumed once it has passed `resume_after_rounds` consecutive samples;
 - a node a person drained is never resumed here.
 
-What the pass needs to know of each node (expected GPUs, category, stored verdict, drain) is read
-in one query and kept for `FACTS_TTL_S`, so a manual drain or a new category is seen within that.
+What the pass needs to know of each node (expected GPUs, category, its own settings, GPU models,
+stored verdict, drain) is read in one query and kept for `FACTS_TTL_S`, so a manual drain or a new
+category is seen within that. What a node must have comes from its `expected_gpus` and `gpu_model`
+settings (inventory.categories: defaults < category < node), read with the health policies; without
+an `expected_gpus` setting, the most GPUs the node ever reported.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from sqlalchemy.orm import Session
 
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import GpufleetError
-from gpufleet.inventory.models import Node
+from gpufleet.inventory import categories
+from gpufleet.inventory.categories import Resolved
+from gpufleet.inventory.models import Gpu, Node
 from gpufleet.jobs.ports import OWN_DRAIN_PREFIX, WorkloadManager
 from gpufleet.monitoring.anomalies import AnomalyWatch
 from gpufleet.monitoring.checks import HealthPolicy, NodeSnapshot, Verdict, evaluate
@@ -58,9 +63,11 @@ class NodeFacts:
     drain_reason: str | None
     drained: bool
     read_at: float
+    settings: dict[str, Any] = field(default_factory=dict)  # the node's own setting values (inventory.categories)
+    gpu_models: tuple[str, ...] = ()  # as inventoried
 
     @classmethod
-    def of(cls, node: Any, now: float) -> NodeFacts:
+    def of(cls, node: Any, now: float, gpu_models: tuple[str, ...] = ()) -> NodeFacts:
         """From a Node, or a row of its columns (same attribute names)."""
         return cls(
             node.name,
@@ -71,6 +78,8 @@ class NodeFacts:
             node.drain_reason,
             node.drained_at is not None,
             now,
+            dict(node.settings or {}),
+            gpu_models,
         )
 
 
@@ -99,9 +108,18 @@ class HealthJudge:
     thresholds: ThresholdState = field(default_factory=ThresholdState)
     anomalies: AnomalyWatch = field(default_factory=AnomalyWatch)  # each GPU series against its own baseline
     config_read_at: float | None = None
+    category_settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # by category, as stored
 
     def policy_for(self, category: str | None) -> HealthPolicy:
         return self.policies.get(category or "", self.policies.get(DEFAULT_CATEGORY, self.default_policy))
+
+    def expected(self, facts: NodeFacts) -> dict[str, Resolved]:
+        """What the node must have: its `expected_gpus` and `gpu_model` settings (defaults < category <
+        node); without an `expected_gpus` setting, the most GPUs it ever reported."""
+        resolved = categories.resolve_values(self.category_settings.get(facts.category or ""), facts.settings)
+        if resolved["expected_gpus"].value is None:
+            resolved["expected_gpus"] = Resolved(facts.expected_gpus, "default")
+        return resolved
 
     def config_stale(self, now: float) -> bool:
         return self.config_read_at is None or now - self.config_read_at > FACTS_TTL_S
@@ -111,6 +129,7 @@ class HealthJudge:
         self.policies = {
             row.category: HealthPolicy.model_validate(row.policy) for row in session.scalars(select(HealthPolicyRow))
         }
+        self.category_settings = categories.category_settings(session)
         custom = [
             ThresholdRule(r.name, r.metric, r.entity_kind, r.op, r.threshold, r.for_s, r.severity)
             for r in session.scalars(select(AlertRule).order_by(AlertRule.name))
@@ -139,11 +158,17 @@ class HealthJudge:
             Node.health_reasons,
             Node.drain_reason,
             Node.drained_at,
+            Node.settings,
         )
+        models: dict[int, list[str]] = {}
+        for node_id, model in session.execute(
+            select(Gpu.node_id, Gpu.model).where(Gpu.node_id.in_(stale)).order_by(Gpu.node_id, Gpu.index)
+        ):
+            models.setdefault(node_id, []).append(model)
         found = set()
         for row in session.execute(select(*columns).where(Node.id.in_(stale))):
             found.add(row.id)
-            self.facts[row.id] = NodeFacts.of(row, now)
+            self.facts[row.id] = NodeFacts.of(row, now, tuple(models.get(row.id, ())))
         for gone in set(stale) - found:  # removed meanwhile
             self.facts.pop(gone, None)
             self.tracker.forget(gone)
@@ -163,8 +188,11 @@ class HealthJudge:
                 fresh = list(zip(view.times[: view.new_samples], view.samples[: view.new_samples], strict=True))
                 transitions += self.thresholds.observe(node_id, fresh[::-1], self.rules)
                 transitions += self.anomalies.observe(node_id, fresh[::-1])
+            expected = self.expected(facts)
             snapshot = NodeSnapshot(
-                expected_gpus=facts.expected_gpus,
+                expected_gpus=expected["expected_gpus"].value,
+                gpu_model=expected["gpu_model"].value,
+                gpu_models=facts.gpu_models,
                 samples=view.samples,
                 events=view.events,
                 metrics_age_s=None if view.last_sample_at is None else now - view.last_sample_at,
@@ -215,6 +243,7 @@ class HealthJudge:
                     resumed = True
             except GpufleetError as exc:
                 log.warning("%s: %s: %s", node.name, "drain" if decision.drain else "resume", exc)
-            self.facts[node.id] = NodeFacts.of(node, now)
+            old = self.facts.get(node.id)
+            self.facts[node.id] = NodeFacts.of(node, now, old.gpu_models if old is not None else ())
             changes.append(HealthChange(node.id, node.name, before, verdict.state, verdict.reasons, drained, resumed))
         return changes

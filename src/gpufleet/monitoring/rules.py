@@ -15,6 +15,8 @@ from gpufleet.monitoring.models import AlertRule, HealthPolicyRow
 from gpufleet.monitoring.thresholds import BUILTIN_RULES, ENTITY_KINDS, OPS, ThresholdRule
 from gpufleet.protocol.metrics import DISK_METRICS, GPU_METRICS, HOST_METRICS, IB_METRICS, NIC_METRICS
 
+DEFAULT_POLICY = "default"  # the policy of every node whose category has none (health.DEFAULT_CATEGORY)
+
 METRICS_BY_KIND = {"host": HOST_METRICS, "gpu": GPU_METRICS, "disk": DISK_METRICS, "nic": NIC_METRICS, "ib": IB_METRICS}
 
 
@@ -90,6 +92,17 @@ def set_policy(session: Session, clock: Clock, category: str, policy: HealthPoli
         row.policy, row.updated_by, row.updated_at = data, actor, now
     session.flush()
     return row
+
+
+def policy_in_force(session: Session, category: str | None) -> tuple[HealthPolicy, str]:
+    """The health policy a node of `category` is judged by, and its origin as node settings name it:
+    "category" (the category's own policy) or "default" (the `default` policy, or the built-in one),
+    the same choice as `HealthJudge.policy_for`."""
+    row = session.get(HealthPolicyRow, category) if category else None
+    if row is not None and category != DEFAULT_POLICY:
+        return HealthPolicy.model_validate(row.policy), "category"
+    fallback = session.get(HealthPolicyRow, DEFAULT_POLICY)
+    return (HealthPolicy.model_validate(fallback.policy) if fallback else HealthPolicy()), "default"
 
 
 def remove_policy(session: Session, category: str) -> None:

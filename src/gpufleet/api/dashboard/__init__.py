@@ -8,8 +8,36 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gpufleet.api.dashboard import admin, alerts, gpu_map, jobs, logs, node_detail, nodes, overview, software
+from gpufleet.api.dashboard import (
+    admin,
+    alerts,
+    categories,
+    gpu_map,
+    images,
+    jobs,
+    logs,
+    node_detail,
+    nodes,
+    overview,
+    power,
+    software,
+    tasks,
+)
 
 router = APIRouter(include_in_schema=False)
-for _page in (overview, nodes, node_detail, gpu_map, jobs, alerts, logs, software, admin):
+for _page in (
+    overview,
+    nodes,
+    node_detail,
+    gpu_map,
+    categories,
+    jobs,
+    alerts,
+    logs,
+    software,
+    images,
+    power,
+    tasks,
+    admin,
+):
     router.include_router(_page.router)

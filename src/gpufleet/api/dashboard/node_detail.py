@@ -21,13 +21,16 @@ from sqlalchemy.orm import Session
 from gpufleet.api.dashboard.gpu_usage import FRESH_INTERVALS, gpu_reasons
 from gpufleet.api.dashboard.pages import View, render
 from gpufleet.api.deps import Ctx
+from gpufleet.api.routers.categories import health_policy_setting
 from gpufleet.api.routers.monitoring import GPU_CHARTS
 from gpufleet.auth.audit import AuditRecord
 from gpufleet.auth.policy import Permission
 from gpufleet.core.clock import to_datetime
 from gpufleet.core.errors import InvalidInput
+from gpufleet.inventory import categories
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Gpu, Node, NodeTransition
+from gpufleet.inventory.schemas import SettingOut
 from gpufleet.monitoring import node_series
 from gpufleet.monitoring.models import Alert
 
@@ -186,7 +189,15 @@ def node_view(view: View, name: str) -> dict[str, Any]:
         "chart_range": chart_range,
         "ranges": RANGES,
         "charts": GPU_CHARTS,
+        "settings": node_settings(view.session, node),
     }
+
+
+def node_settings(session: Session, node: Node) -> dict[str, SettingOut]:
+    """The node's settings with their origin (defaults < category < node), the health policy included."""
+    out = {k: SettingOut(value=r.value, origin=r.origin) for k, r in categories.resolve(session, node).items()}
+    out["health_policy"] = health_policy_setting(session, node.category)
+    return out
 
 
 @router.get("/nodes/{name}", response_class=HTMLResponse)

@@ -78,6 +78,7 @@ class ProblemOut(BaseModel):
     hostlist: str
     packages: list[PackageImpactOut]
     statuses: dict[str, int]
+    images: list[str] = Field(description="software images holding an affected package")
 
 
 Severity = Annotated[str | None, Query(pattern="^(critical|high|medium|low|none|unknown)$", description="at least")]

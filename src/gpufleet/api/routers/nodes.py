@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
+from sqlalchemy.orm import Session
 
 from gpufleet.api.deps import Ctx, allow, tx
+from gpufleet.api.routers.categories import health_policy_setting
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.schemas import NodeClone, NodeDetail, NodeOut, NodesCreate, NodeSettings
+from gpufleet.power import service as power
 from gpufleet.protocol.messages import CLOSE_NODE_GONE
 from gpufleet.provisioning import networks
 
@@ -24,7 +28,16 @@ def list_nodes(
     names: Annotated[str | None, Query(description="hostlist filter, e.g. gpu[001-004]")] = None,
 ) -> list[NodeOut]:
     with tx(ctx, readonly=True) as db:
-        return [inventory.to_out(n) for n in inventory.list_nodes(db, [names] if names else None)]
+        nodes = [inventory.to_out(n) for n in inventory.list_nodes(db, [names] if names else None)]
+        _with_power(db, nodes, [names] if names else None)
+        return nodes
+
+
+def _with_power(db: Session, nodes: Sequence[NodeOut], expressions: list[str] | None) -> None:
+    """The power state each node's BMC reported last: power sits above inventory, so it is added here."""
+    states = {row.node: row.power_state for row in power.power_table(db, expressions)}
+    for node in nodes:
+        node.power_state = states.get(node.name)
 
 
 @router.post("", status_code=201)
@@ -58,7 +71,11 @@ def remove_nodes(
 @router.get("/{name}")
 def show_node(name: str, _: Annotated[Principal, allow(Permission.NODES_READ)], ctx: Ctx) -> NodeDetail:
     with tx(ctx, readonly=True) as db:
-        return inventory.to_detail(db, inventory.get_node(db, name))
+        node = inventory.get_node(db, name)
+        detail = inventory.to_detail(db, node)
+        detail.settings["health_policy"] = health_policy_setting(db, node.category)
+        _with_power(db, [detail], [name])
+        return detail
 
 
 @router.post("/{name}/clone", status_code=201)

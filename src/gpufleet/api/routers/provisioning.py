@@ -13,8 +13,7 @@ from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.inventory import service as inventory
-from gpufleet.provisioning import networks
-from gpufleet.provisioning.dhcp import render_dnsmasq
+from gpufleet.provisioning import boot, networks
 from gpufleet.provisioning.models import Network
 from gpufleet.provisioning.networks import NetworkSpec
 
@@ -108,4 +107,11 @@ def set_mac(
 def dhcp_config(_: Annotated[Principal, allow(Permission.NODES_READ)], ctx: Ctx, tftp_root: str | None = None) -> str:
     """dnsmasq's DHCP and TFTP configuration for every network: MAC -> address, name and boot file."""
     with tx(ctx, readonly=True) as db:
-        return render_dnsmasq(networks.boot_plan(db), tftp_root=tftp_root)
+        return boot.dnsmasq_config(db, tftp_root)
+
+
+@router.get("/provision/boot-files")
+def boot_files(_: Annotated[Principal, allow(Permission.NODES_READ)], ctx: Ctx) -> dict[str, str]:
+    """The TFTP root's iPXE scripts by relative path: each network's chain script and one per node."""
+    with tx(ctx, readonly=True) as db:
+        return boot.tftp_files(db)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
+from gpufleet.inventory import categories
 from gpufleet.inventory import service as inventory
 from gpufleet.jobs.slurm import config
 
@@ -49,7 +50,9 @@ def slurm_config(
 ) -> SlurmConfigOut:
     """Render slurm.conf's node and partition lines and gres.conf from every node's last inventory."""
     with tx(ctx, readonly=True) as db:
-        nodes = [config.from_node(n) for n in inventory.list_nodes(db)]
+        found = inventory.list_nodes(db)
+        settings = categories.resolve_many(db, found)  # the `partition` setting, where set, names the partition
+        nodes = [config.from_node(n, settings[n.name]["partition"].value) for n in found]
     return config_out(config.render(nodes, default_partition=default_partition))
 
 

@@ -17,7 +17,8 @@ What is rendered, and why:
   `h200`). A node that reported fewer GPUs than it ever had (`expected_gpus`: one fell off the bus) is rendered
   with what it should have, so the config does not follow a fault and Slurm keeps the node out of service
   until it is repaired; a warning names it.
-- One `PartitionName=` per node category, and a default partition holding every rendered node.
+- One `PartitionName=` per node category (or per value of the node's `partition` setting, where set: see
+  inventory.categories), and a default partition holding every rendered node.
 - gres.conf: `NodeName=... Name=gpu Type=<type> File=/dev/nvidia[0-7]`. The inventory has no device minor
   numbers, so the file of GPU N is taken to be /dev/nvidiaN, N being the GPU's index as NVML enumerates
   it (PCI bus order). The driver numbers its device files in the order it probes the GPUs, which is the
@@ -74,6 +75,7 @@ class InventoryNode:
     memory_mib: int | None = None
     gpus: tuple[InventoryGpu, ...] = ()
     expected_gpus: int = 0
+    partition: str | None = None  # the `partition` setting; None: the category names the partition
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,9 @@ class _Shape:
     gres: tuple[_GresLine, ...]
 
 
-def from_node(node: Node) -> InventoryNode:
-    """The inventory of a `Node` row (with its GPUs loaded) as the rendering reads it."""
+def from_node(node: Node, partition: str | None = None) -> InventoryNode:
+    """The inventory of a `Node` row (with its GPUs loaded) as the rendering reads it; `partition` is the
+    node's resolved `partition` setting."""
     return InventoryNode(
         name=node.name,
         reported=node.inventory_at is not None,
@@ -122,6 +125,7 @@ def from_node(node: Node) -> InventoryNode:
         memory_mib=node.memory_total_mib,
         gpus=tuple(InventoryGpu(g.index, g.model, g.mig_mode == "enabled") for g in node.gpus),
         expected_gpus=node.expected_gpus or 0,
+        partition=partition,
     )
 
 
@@ -248,8 +252,9 @@ def render(
         shaped.append((node, _shape(node, warnings)))
     categories: dict[str, list[str]] = {}
     for node, _ in shaped:
-        if node.category:
-            categories.setdefault(node.category, []).append(node.name)
+        group = node.partition or node.category
+        if group:
+            categories.setdefault(group, []).append(node.name)
     for category in list(categories):
         if category.casefold() == "default" or not PARTITION_NAME.match(category):
             # PartitionName=DEFAULT (in any case) sets defaults for the partitions after it: never a partition.

@@ -1,0 +1,106 @@
+"""The node settings registry: every key a category or a node may set, defined once.
+
+`NodeSettingValues` is the one definition of each key (its type, default, limits and help). The head
+validates with it (`gpufleet.inventory.categories`), the API's schema is generated from it, and the
+CLI's help for `category set` and `node set` is written from it. It lives here, in the pure wire
+layer, because the CLI installs without the server's dependencies and still has to describe the keys.
+
+Resolution is defaults < category < node: a node's own value wins over its category's, which wins
+over the default below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+# One line of printable text: these values end up in an iPXE script, a Slurm configuration and an
+# rsync command's argument, where a newline or control character would start a line of its own.
+_LINE = r"^[^\x00-\x1f\x7f]*$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"  # categories, images, partitions
+
+Line = Annotated[str, StringConstraints(pattern=_LINE)]
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+
+
+class NodeSettingValues(BaseModel):
+    """Every setting with its default. A category's or a node's stored settings hold only the keys
+    set there; the rest come from the level below."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    software_image: Name | None = Field(None, description="the software image the node runs; image sync uses it")
+    sync_target: Line = Field(
+        "root@{address}:/",
+        min_length=1,
+        max_length=512,
+        description="where image sync writes the node's image; {node} and {address} (its boot address) are "
+        "substituted; an absolute path is a local directory",
+    )
+    partition: Name | None = Field(None, description="the workload manager's partition the node is in")
+    kernel_params: Line = Field("", max_length=1024, description="kernel command line appended at network boot")
+    expected_gpus: int | None = Field(
+        None, ge=0, le=64, description="GPUs the node must have; fewer fails the gpu_count health check"
+    )
+    gpu_model: Line | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="the GPU model the node must have (matched as a case-insensitive substring)",
+    )
+
+
+@dataclass(frozen=True)
+class SettingDef:
+    """One key as people and scripts see it."""
+
+    name: str
+    type: str  # "str", "int": what a value on the command line is read as
+    nullable: bool  # an empty value on the command line means "none"
+    default: Any
+    help: str
+
+
+def _type_name(annotation: Any) -> tuple[str, bool]:
+    """("int" or "str", whether None is allowed) of a field's annotation."""
+    args = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    base = next(a for a in args if a is not type(None))
+    while get_origin(base) is Annotated:
+        base = get_args(base)[0]
+    return ("int" if base is int else "str"), type(None) in args
+
+
+def _registry() -> dict[str, SettingDef]:
+    out = {}
+    for name, info in NodeSettingValues.model_fields.items():
+        type_name, nullable = _type_name(info.annotation)
+        out[name] = SettingDef(name, type_name, nullable, info.default, info.description or "")
+    return out
+
+
+SETTINGS: dict[str, SettingDef] = _registry()
+
+
+def settings_help() -> str:
+    """The keys, their types and defaults, for the CLI's help."""
+    lines = []
+    for s in SETTINGS.values():
+        default = "none" if s.default is None else repr(s.default)
+        lines.append(f"{s.name} ({s.type}, default {default}): {s.help}")
+    return "\n\n".join(lines)
+
+
+def parse_assignments(items: list[str]) -> dict[str, Any]:
+    """KEY=VALUE arguments as the values to send: an empty value of a key that may be none is None.
+    Types are checked by the head (one place), which reads "8" as 8 for an int key. Raises ValueError."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"invalid setting {item!r}: use KEY=VALUE")
+        known = SETTINGS.get(key)
+        out[key] = None if value == "" and known is not None and known.nullable else value
+    return out
