@@ -227,7 +227,7 @@ def _run(args: argparse.Namespace, work: Path, limits: list[int], total: int, rn
             s, clock, "bench", settings={"software_image": NAME, "sync_target": f"{work}/targets/{{node}}"}
         )
         nodes = inventory.add_nodes(s, clock, [f"node[01-{args.targets:02d}]"], NodeSettings(category="bench"))
-        plans = sync.plan(s, nodes)
+        plans = sync.plan(s, nodes, local_root=work / "targets")
     tree = images.tree_digest(root)
     print(f"image: {tree.files} entries, {tree.bytes / 1e6:.0f} MB, built in {built_s:.0f} s; {len(plans)} targets")
 

@@ -452,7 +452,8 @@ class HeadClient:
     def node_drift(self, node: str, image: str | None = None, target: str | None = None) -> dict[str, Any]:
         params = {k: v for k, v in (("image", image), ("target", target)) if v is not None}
         # rsync --checksum reads every file of the image and the node: far longer than a usual call
-        result: dict[str, Any] = self._call("GET", f"/api/v1/nodes/{node}/drift", params=params, timeout=3600.0)
+        # (the head stops it after image_drift_timeout_s, at most 600 s)
+        result: dict[str, Any] = self._call("GET", f"/api/v1/nodes/{node}/drift", params=params, timeout=660.0)
         return result
 
     # -- power: nodes' BMCs (the password goes up, never comes back) and power actions (tasks) ------

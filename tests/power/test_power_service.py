@@ -77,6 +77,70 @@ def test_what_each_action_sends(action: PowerAction, before: PowerState, sent: l
     assert outcome.state is power.WANTED.get(action, before)
 
 
+class ScriptedBmc(FakeBmc):
+    """A BMC whose power state reads follow `script`, the last repeated: what a BMC shows after a cycle."""
+
+    def __init__(self, *script: PowerState) -> None:
+        super().__init__(state=script[0])
+        self.script = list(script)
+
+    def power_state(self) -> PowerState:
+        self._call("power_state")
+        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+
+@pytest.mark.parametrize("action", [PowerAction.CYCLE, PowerAction.RESET])
+def test_a_cycle_or_reset_is_confirmed_only_once_the_state_left_on_and_came_back(action: PowerAction) -> None:
+    clock = FakeClock()
+    on, off, unknown = PowerState.ON, PowerState.OFF, PowerState.UNKNOWN
+    # Before the request, then twice still "on" (the BMC has not acted yet), off, powering on, on.
+    bmc = ScriptedBmc(on, on, on, off, unknown, on)
+    outcome = power.act(bmc, action, clock=clock, confirm_timeout_s=30, sleep=ticking(clock))
+    did = "power cycled" if action is PowerAction.CYCLE else "reset"
+    assert (outcome.ok, outcome.confirmed, outcome.state) == (True, True, on)
+    assert outcome.detail == f"{did}: off, then on after 4.0 s"  # not "on after 0.0 s": that proved nothing
+
+
+@pytest.mark.parametrize("action", [PowerAction.CYCLE, PowerAction.RESET])
+def test_a_cycle_or_reset_that_never_shows_is_ok_but_unconfirmed_and_one_stuck_off_fails(
+    action: PowerAction,
+) -> None:
+    clock = FakeClock()
+    bmc = ScriptedBmc(PowerState.ON)  # a warm reset: many BMCs show "on" throughout
+    outcome = power.act(bmc, action, clock=clock, confirm_timeout_s=10, poll_s=1, sleep=ticking(clock))
+    sent = "power cycle sent" if action is PowerAction.CYCLE else "reset sent"
+    assert (outcome.ok, outcome.confirmed, outcome.state) == (True, False, PowerState.ON)
+    assert outcome.detail == f"{sent}; the BMC reported no transition (on throughout 10 s)"
+    assert clock.now() >= 10  # it watched until the deadline before saying so
+    clock = FakeClock()
+    bmc = ScriptedBmc(PowerState.ON, PowerState.OFF)
+    outcome = power.act(bmc, action, clock=clock, confirm_timeout_s=10, poll_s=1, sleep=ticking(clock))
+    assert not outcome.ok
+    assert outcome.detail.endswith(", but still off after 10 s")
+
+
+def test_an_unconfirmed_reset_says_so_in_the_task(
+    sqlite_sessions: sessionmaker[Session], clock: FakeClock, fleet: FakeFleet
+) -> None:
+    _nodes(sqlite_sessions, clock, fleet, "gpu[01-02]")
+    fleet.bmcs["bmc-gpu01"].state = PowerState.ON  # FakeBmc's reset never leaves "on"
+    fleet.bmcs["bmc-gpu02"].state = PowerState.ON
+    fleet.bmcs["bmc-gpu02"].lag = 1
+    with transaction(sqlite_sessions, readonly=True) as s:
+        resets = power.plan(s, BOX, SETTINGS, PowerAction.RESET, ["gpu01"])
+        cycles = power.plan(s, BOX, SETTINGS, PowerAction.CYCLE, ["gpu02"])  # FakeBmc's cycle goes off first
+    task = _run(sqlite_sessions, clock, fleet, resets, sleep=ticking(clock))
+    (result,) = task.targets
+    assert (result.state, result.data) == ("ok", {"power_state": "on", "seconds": 30.0, "confirmed": False})
+    assert result.detail == "reset sent; the BMC reported no transition (on throughout 30 s)"
+    assert task.summary == "power reset gpu01: 1 unconfirmed"
+    task = _run(sqlite_sessions, clock, fleet, cycles, sleep=ticking(clock))
+    (result,) = task.targets
+    assert result.data == {"power_state": "on", "seconds": 1.0}
+    assert result.detail == "power cycled: off, then on after 1.0 s"
+    assert task.summary == "power cycle gpu02: 1 on"
+
+
 # Credentials
 def test_passwords_are_sealed_and_only_the_key_opens_them(tmp_path: Path) -> None:
     key = tmp_path / "keys" / "bmc.key"
@@ -157,6 +221,32 @@ def test_a_bmc_that_cannot_work_is_refused(sessions: sessionmaker[Session], cloc
         assert s.execute(text("SELECT count(*) FROM bmcs")).scalar_one() == 0
     with pytest.raises(NotFound), transaction(sessions) as s:
         power.set_bmc(s, clock, BOX, "gpu02", power.BmcSpec("ipmi", "h", "u", "p"))
+
+
+def test_an_address_with_credentials_in_it_is_refused_without_repeating_them(
+    sqlite_sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
+    with transaction(sqlite_sessions) as s:
+        inventory.add_nodes(s, clock, ["gpu01"], NodeSettings())
+    for protocol, address, shown in [
+        ("redfish", "https://admin:s3cr@t@10.0.0.1", "https://***@10.0.0.1"),
+        ("redfish", "admin:s3cr@t@10.0.0.1:8443", "***@10.0.0.1:8443"),  # https:// is added to these
+        ("redfish", "https://s3cr@t@10.0.0.1/", "https://***@10.0.0.1/"),
+        ("ipmi", "s3cr@t@10.0.0.2", "***@10.0.0.2"),
+        ("ipmi", "admin:s3cr://@t@10.0.0.2", "***@10.0.0.2"),  # no scheme, whatever "://" it holds
+    ]:
+        assert power.redact_address(address) == shown
+        spec = power.BmcSpec(protocol, address, "admin", "pw")
+        with (
+            pytest.raises(InvalidInput, match="--username and --password-stdin") as refused,
+            transaction(sqlite_sessions) as s,
+        ):
+            power.set_bmc(s, clock, BOX, "gpu01", spec)
+        assert "s3cr" not in str(refused.value)
+        assert shown in str(refused.value)
+    assert power.redact_address("https://10.0.0.1:8443") == "https://10.0.0.1:8443"
+    with transaction(sqlite_sessions, readonly=True) as s:
+        assert s.execute(text("SELECT count(*) FROM bmcs")).scalar_one() == 0
 
 
 def test_planning_is_all_or_nothing(sessions: sessionmaker[Session], clock: FakeClock, fleet: FakeFleet) -> None:

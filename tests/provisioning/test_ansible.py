@@ -44,7 +44,13 @@ def _cluster(sessions: sessionmaker[Session], clock: FakeClock) -> None:
         inventory.add_nodes(s, clock, ["node004"], NodeSettings(category="a.b"))
         labels = {"rack": "r1", "note": "{{ lookup('pipe', 'id') }}"}
         inventory.add_nodes(s, clock, ["node005"], NodeSettings(category="a-b", labels=labels))
-        inventory.add_nodes(s, clock, ["node006"], NodeSettings(labels={"ansible/python-interpreter": "/usr/bin/py"}))
+        risky = {
+            "ansible/python-interpreter": "/usr/bin/py",
+            "ansible/user": "root",
+            "ansible/ssh-common-args": "-o ProxyCommand=touch /tmp/pwned",  # never read from a label
+            "ansible/port": "22; id",  # not a port
+        }
+        inventory.add_nodes(s, clock, ["node006"], NodeSettings(labels=risky))
         networks.create_network(s, NetworkSpec("ipmi", "10.142.0.0/24"))
         networks.create_network(s, NetworkSpec("internal", "10.141.0.0/24", boot_server="10.141.0.1"))
         networks.assign(s, nodes, networks.get_network(s, "ipmi"))
@@ -60,7 +66,8 @@ def test_the_inventory_has_groups_per_category_and_state_and_every_host_s_variab
 ) -> None:
     _cluster(sessions, clock)
     with transaction(sessions, readonly=True) as s:
-        script = ansible.build_inventory(s)
+        script = ansible.build_inventory(s, allow_local=True)
+        strict = ansible.build_inventory(s)
     suffix = {name: ansible._groups("category", ["a.b", "a-b"])[name] for name in ("a.b", "a-b")}
     assert suffix["a.b"] != suffix["a-b"]  # the same once cleaned: told apart, never merged
     assert all(g.startswith("category_a_b_") for g in suffix.values())
@@ -78,6 +85,11 @@ def test_the_inventory_has_groups_per_category_and_state_and_every_host_s_variab
     one, two = hostvars["node001"], hostvars["node002"]
     assert one["ansible_host"] == "10.141.0.2"  # the booting network's address, not the ipmi one
     assert one["ansible_connection"] == "local"  # from the label ansible/connection
+    # Operators set labels and playbooks run with the head's keys: only some variables come from one,
+    # a local connection (on the head) only with the head's ansible_local_connection setting.
+    assert "ansible_connection" not in strict["_meta"]["hostvars"]["node001"]
+    six = {k: v for k, v in hostvars["node006"].items() if k.startswith("ansible_")}
+    assert six == {"ansible_python_interpreter": "/usr/bin/py", "ansible_user": "root"}
     assert (one["gpufleet_category"], one["gpufleet_state"]) == ("hgx-h200", "new")
     assert (one["gpufleet_partition"], one["gpufleet_expected_gpus"]) == ("gpu", 8)  # from the category
     assert (two["gpufleet_partition"], two["gpufleet_state"]) == ("debug", "up")  # the node's own value wins

@@ -55,6 +55,12 @@ PLAYBOOK = """\
 """
 
 
+@pytest.fixture(autouse=True)
+def local_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nodes here are this machine: their label ansible/connection=local needs the head's consent."""
+    monkeypatch.setenv("GPUFLEET_ANSIBLE_LOCAL_CONNECTION", "true")
+
+
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     """SQLite only (overrides the conftest's two backends): one real run is enough."""
@@ -176,7 +182,7 @@ def test_a_run_past_its_time_limit_fails_its_hosts_and_leaves_no_process_behind(
     playbook = f"- hosts: all\n  gather_facts: false\n  tasks:\n    - ansible.builtin.command: {marker}\n"
     with transaction(sessions) as s:
         inventory.add_nodes(s, clock, ["node[001-002]"], NodeSettings(labels=local))
-        plan = ansible.plan_run(s, ansible.RunRequest(playbook, nodes="node[001-002]"))
+        plan = ansible.plan_run(s, ansible.RunRequest(playbook, nodes="node[001-002]"), allow_local=True)
         task_id = ansible.create_run(s, clock, plan, created_by="test").id
     runner = TaskRunner(sessions, clock)
     settings = ansible.RunnerSettings(tmp_path / "runs", timeout_s=5, task_timeout_s=0, forks=5)

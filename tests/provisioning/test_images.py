@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.core.clock import FakeClock, to_datetime
+from gpufleet.core.config import load_settings
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.inventory import categories
@@ -220,6 +221,9 @@ def test_bad_requests_change_nothing(
         ("x", Source(release="bookworm", tarball=str(tar)), InvalidInput, "exactly one source"),
         ("x", Source(release="--foreign"), InvalidInput, "not a release name"),
         ("x", Source(release="bookworm", mirror="ftp://m"), InvalidInput, "mirror must be"),
+        ("x", Source(release="bookworm", mirror="http://evil.example/debian"), InvalidInput, "not an allowed mirror"),
+        ("x", Source(release="noble", mirror="file:///tmp/repo"), InvalidInput, "not an allowed mirror"),
+        ("x.exclude", Source(tarball=str(tar)), InvalidInput, "may not end in .exclude"),
         ("x", Source(tarball="image.tar"), InvalidInput, "absolute path"),
         ("x", Source(tarball=str(tmp_path / "none.tar")), InvalidInput, "not a file"),
         ("x", Source(clone_of="nosuch"), NotFound, "no such image"),
@@ -239,6 +243,99 @@ def test_bad_requests_change_nothing(
     with transaction(sqlite_sessions, readonly=True) as s:
         assert "junk" not in [i.name for i in images.list_images(s)]
         assert images.get_image(s, "taken").revision == 1
+
+
+def test_only_allowed_mirrors_may_be_named(sqlite_sessions: sessionmaker[Session], tmp_path: Path) -> None:
+    settings = load_settings(client_file=tmp_path / "none.toml", data_dir=tmp_path)
+    config = ImageConfig.of(settings)
+    with transaction(sqlite_sessions, readonly=True) as s:
+        for mirror in ("https://deb.debian.org/debian/", "http://archive.ubuntu.com/ubuntu", None):
+            images.check_create(s, config, "mirrored", Source(release="noble", mirror=mirror))
+        own = ImageConfig.of(settings.model_copy(update={"image_allowed_mirrors": ["http://apt.site.example/debian"]}))
+        images.check_create(s, own, "mirrored", Source(release="bookworm", mirror="http://apt.site.example/debian"))
+        images.check_create(s, own, "mirrored", Source(release="bookworm", mirror="http://deb.debian.org/debian"))
+        with pytest.raises(InvalidInput, match="not an allowed mirror"):
+            images.check_create(s, own, "mirrored", Source(release="bookworm", mirror="https://deb.debian.org/debian"))
+
+
+def _add_image(sessions: sessionmaker[Session], clock: FakeClock, config: ImageConfig, name: str) -> None:
+    with transaction(sessions) as s:
+        s.add(Image(name=name, path=str(config.path(name)), source="test", state="ready",
+                    created_at=to_datetime(clock.now()), created_by=ACTOR, revision=1))  # fmt: skip
+
+
+def test_an_image_a_sync_or_clone_reads_is_held_until_it_ends(
+    sqlite_sessions: sessionmaker[Session], clock: FakeClock, config: ImageConfig
+) -> None:
+    _add_image(sqlite_sessions, clock, config, "held")
+    with transaction(sqlite_sessions) as s:
+        images.hold(s, ["held"])
+        params = {"images": ["other", "held"], "dry_run": False}
+        syncing = tasks.create(s, clock, kind="image.sync", targets=["n1"], params=params, created_by=ACTOR).id
+        tasks.create(s, clock, kind="image.sync", targets=["n2"], params={"images": ["x"]}, created_by=ACTOR)
+        assert images.readers(s, "held") == [syncing]
+    for attempt in (lambda s: images.begin_change(s, "held"), lambda s: images.remove_image(s, "held", config)):
+        with pytest.raises(Conflict, match=f"held is being read by task {syncing}"), transaction(sqlite_sessions) as s:
+            attempt(s)
+    with transaction(sqlite_sessions) as s:
+        assert images.get_image(s, "held").state == "ready"  # both refusals changed nothing
+        tasks.mark_running(s, clock, syncing)
+        # a clone of it, queued behind the running sync, reads it too
+        cloning = tasks.create(
+            s, clock, kind="image.clone", targets=["held2"], params={"image": "held2", "clone_of": "held"},
+            created_by=ACTOR,
+        ).id  # fmt: skip
+    with transaction(sqlite_sessions) as s:
+        tasks.finish(s, clock, syncing, error=None, summary="done")
+    with pytest.raises(Conflict, match=f"being read by task {cloning}"), transaction(sqlite_sessions) as s:
+        images.begin_change(s, "held")
+    with transaction(sqlite_sessions) as s:
+        tasks.finish(s, clock, cloning, error="cp failed", summary=None)
+    with transaction(sqlite_sessions) as s:
+        images.begin_change(s, "held")
+    with pytest.raises(Conflict, match="held is changing"), transaction(sqlite_sessions) as s:
+        images.hold(s, ["held"])  # a sync may not start on an image being changed
+
+
+def test_a_crashed_install_is_undone_before_the_next(
+    sqlite_sessions: sessionmaker[Session], clock: FakeClock, config: ImageConfig, tar: Path
+) -> None:
+    import_tarball(sqlite_sessions, clock, config, "crashed", tar)
+    root = config.path("crashed")
+    (root / "etc" / "resolv.conf").write_text("nameserver 10.141.255.254\n")  # the image's own
+    (root / "usr" / "sbin").mkdir()  # and no policy-rc.d
+    images._chroot_prepared(root).__enter__()  # the head died while apt ran: nothing put back
+    assert "exit 101" in (root / "usr" / "sbin" / "policy-rc.d").read_text()
+    with transaction(sqlite_sessions) as s:
+        images.rescan(s, clock, images.get_image(s, "crashed"), ACTOR)
+        images.begin_change(s, "crashed")
+    images.run_install(
+        sqlite_sessions, clock, FakeApt(root), config, name="crashed", packages=["hello"], actor=ACTOR, task_id=None
+    )
+    assert (root / "etc" / "resolv.conf").read_text() == "nameserver 10.141.255.254\n"
+    assert not os.path.lexists(root / "usr" / "sbin" / "policy-rc.d")
+    assert not [p for p in root.rglob("*") if ".gpufleet-" in p.name]
+
+
+def test_exclude_files_follow_their_image(
+    sqlite_sessions: sessionmaker[Session], clock: FakeClock, config: ImageConfig, tar: Path
+) -> None:
+    import_tarball(sqlite_sessions, clock, config, "excl", tar)
+    config.exclude_file("excl").write_text("/opt/*\n")
+    source = Source(clone_of="excl")
+    with transaction(sqlite_sessions) as s:
+        _, clone_path = images.begin_create(s, clock, config, "excl-copy", source, ACTOR)
+    (config.path("excl-copy") / "stray").mkdir(parents=True)  # appears meanwhile: the copy cannot move in
+    with pytest.raises(OSError, match="not empty"):
+        images.run_create(
+            sqlite_sessions, clock, ProcessRunner(), config, name="excl-copy", source=source,
+            clone_path=clone_path, actor=ACTOR, task_id=None,
+        )  # fmt: skip
+    assert not config.exclude_file("excl-copy").exists()  # the failed copy's exclusions went with it
+    assert (config.path("excl-copy") / "stray").is_dir()  # what it did not make stays
+    config.exclude_file("gone").write_text("/srv/*\n")  # an image whose tree is already gone
+    images.delete_tree(config.path("gone"), config)
+    assert not config.exclude_file("gone").exists()
 
 
 def test_one_change_at_a_time_and_an_abandoned_one_is_recovered(

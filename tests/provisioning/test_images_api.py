@@ -15,14 +15,23 @@ from typer.testing import CliRunner, Result
 from gpufleet.cli.app import app as cli_app
 from gpufleet.cli.state import CliState
 from gpufleet.client import HeadClient
+from gpufleet.core.clock import to_datetime
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import InvalidInput
 from gpufleet.inventory import categories
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.schemas import NodeSettings
-from gpufleet.provisioning.runner import Completed, ProcessRunner, Step
+from gpufleet.provisioning import images
+from gpufleet.provisioning.image_models import Image
+from gpufleet.provisioning.runner import CommandFailed, Completed, ProcessRunner, Step
 from tests.api.dashboard_helpers import logged_in
 from tests.provisioning.images_helpers import make_tree, tarball
+
+
+def local_root(client: TestClient, root: Path) -> None:
+    """The head's image_sync_local_root (the client fixture's settings have none)."""
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    ctx.settings = ctx.settings.model_copy(update={"image_sync_local_root": root})
 
 
 def finished(client: TestClient, answer: Any) -> dict[str, Any]:
@@ -62,7 +71,7 @@ def test_images_over_http(client: TestClient, tmp_path: Path) -> None:
     assert (task["kind"], task["state"], task["targets"][0]["state"]) == ("image.create", "succeeded", "ok")
     assert (images_dir / "base" / "etc" / "os-release").exists()
     task = finished(client, client.post("/api/v1/images/base/clone", json={"name": "hgx"}))
-    assert task["state"] == "succeeded"
+    assert (task["state"], task["params"]["clone_of"]) == ("succeeded", "base")  # what holds base while it runs
 
     client.app.state.image_runner = FakeApt()  # type: ignore[attr-defined]
     plan = client.post("/api/v1/images/plans", json={"name": "hgx", "packages": ["hello"]})
@@ -90,7 +99,9 @@ def test_images_over_http(client: TestClient, tmp_path: Path) -> None:
         ("POST", "/api/v1/images", {"name": "x", "tarball": "relative.tar"}, 400),
         ("POST", "/api/v1/images/nosuch/install", {"packages": ["hello"]}, 404),
         ("POST", "/api/v1/images/hgx/install", {"packages": ["--allow-unauthenticated"]}, 400),
-        ("POST", "/api/v1/sync", {"nodes": "nosuch[1-2]", "target": "/srv/{node}"}, 400),
+        ("POST", "/api/v1/images", {"name": "x", "debootstrap": "bookworm", "mirror": "http://evil.example/d"}, 400),
+        ("POST", "/api/v1/sync", {"nodes": "nosuch[1-2]", "target": "/srv/{node}"}, 404),
+        ("POST", "/api/v1/sync", {"category": "nosuch"}, 404),  # as an Ansible run says
     ]
     for method, path, body, status in refusals:
         assert client.request(method, path, json=body).status_code == status, (path, body)
@@ -135,7 +146,12 @@ def test_sync_dry_run_and_drift_over_http(client: TestClient, tmp_path: Path) ->
         categories.create_category(
             s, ctx.clock, "cpu", settings={"software_image": "base", "sync_target": f"{nodes_dir}/{{node}}"}
         )
+        categories.create_category(s, ctx.clock, "empty")
         inventory.add_nodes(s, ctx.clock, ["cpu[1-3]"], NodeSettings(category="cpu"))
+    refused = client.post("/api/v1/sync", json={"category": "cpu", "dry_run": True})
+    assert (refused.status_code, "image_sync_local_root" in refused.json()["detail"]) == (400, True)
+    local_root(client, tmp_path)
+    assert client.post("/api/v1/sync", json={"category": "empty"}).status_code == 400
 
     dry = finished(client, client.post("/api/v1/sync", json={"category": "cpu", "dry_run": True, "limit": 2}))
     assert (dry["kind"], dry["params"]["limit"], dry["state"]) == ("image.sync-dry-run", 2, "succeeded")
@@ -156,6 +172,76 @@ def test_sync_dry_run_and_drift_over_http(client: TestClient, tmp_path: Path) ->
     bad = client.post("/api/v1/sync", json={"nodes": "cpu1", "target": str(tmp_path / "images" / "x")})
     assert bad.status_code == 400
     assert "overlaps" in bad.json()["detail"]
+    etc = client.post("/api/v1/sync", json={"nodes": "cpu1", "target": "/etc/"})
+    assert (etc.status_code, "is not inside" in etc.json()["detail"]) == (400, True)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # HTTP translation: one backend
+def test_drift_overrides_need_images_write_and_a_failed_rsync_is_502(client: TestClient, tmp_path: Path) -> None:
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    runner = Refusing()
+    client.app.state.image_runner = runner  # type: ignore[attr-defined]
+    with transaction(ctx.sessions) as s:
+        s.add(Image(name="far", path=str(tmp_path / "far"), source="test", state="ready",
+                    created_at=to_datetime(ctx.clock.now()), created_by="test", revision=1))  # fmt: skip
+        categories.create_category(s, ctx.clock, "far", settings={"software_image": "far", "sync_target": "{node}:/"})
+        inventory.add_nodes(s, ctx.clock, ["far1"], NodeSettings(category="far"))
+    client.post("/api/v1/users", json={"username": "reader", "role": "admin"})
+    read = client.post("/api/v1/tokens/user", json={"user": "reader", "scope": "read"}).json()["token"]
+    as_reader = {"Authorization": f"Bearer {read}"}
+
+    down = client.get("/api/v1/nodes/far1/drift", headers=as_reader)  # images:read is enough for its own
+    assert (down.status_code, down.json()["detail"]) == (502, "rsync exited with status 255: connection refused")
+    assert runner.timeouts == [120.0]  # image_drift_timeout_s, not the sync's hour: it runs in the request
+    for query in ({"target": "/etc/"}, {"image": "far"}):
+        assert client.get("/api/v1/nodes/far1/drift", params=query, headers=as_reader).status_code == 403
+    assert client.get("/api/v1/nodes/far1/drift", params={"target": "/etc/"}).status_code == 400  # no local root
+    assert len(runner.timeouts) == 1
+
+
+class Refusing:
+    """A node that cannot be reached: every rsync fails as ssh would make it."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def run(self, step: Step, *, on_line: Any = None, ok_codes: frozenset[int] = frozenset({0})) -> Completed:
+        self.timeouts.append(step.timeout_s)
+        raise CommandFailed("rsync exited with status 255: connection refused")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # HTTP translation: one backend
+def test_a_task_that_cannot_start_leaves_nothing_marked(
+    client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    tar = tarball(make_tree(tmp_path / "tree"), tmp_path / "base.tar")
+    with transaction(ctx.sessions) as s:
+        s.add(Image(name="old", path=str(tmp_path / "old"), source="test", state="ready",
+                    created_at=to_datetime(ctx.clock.now()), created_by="test", revision=1))  # fmt: skip
+        categories.create_category(s, ctx.clock, "st", settings={"software_image": "old", "sync_target": "{node}:/"})
+        inventory.add_nodes(s, ctx.clock, ["st1"], NodeSettings(category="st"))
+
+    def no_thread(*_: Any) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(ctx.tasks, "start", no_thread)
+    for path, body in (
+        ("/api/v1/images", {"name": "new", "tarball": str(tar)}),
+        ("/api/v1/images/old/clone", {"name": "copy"}),
+        ("/api/v1/images/old/install", {"packages": ["hello"]}),
+        ("/api/v1/sync", {"nodes": "st1"}),
+    ):
+        with pytest.raises(RuntimeError, match="new thread"):
+            client.post(path, json=body)
+    listed = client.get("/api/v1/images").json()
+    assert [(i["name"], i["state"]) for i in listed] == [("old", "ready")]
+    tasks = client.get("/api/v1/tasks").json()
+    assert len(tasks) == 4
+    assert {t["state"] for t in tasks} == {"failed"}
+    assert all(t["summary"] == "could not start: can't start new thread" for t in tasks)
+    with transaction(ctx.sessions) as s:
+        assert images.readers(s, "old") == []  # the failed sync and clone hold it no longer
 
 
 def _forwarding_cli(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,6 +285,7 @@ def test_the_image_commands(client: TestClient, tmp_path: Path, monkeypatch: pyt
     assert f"chroot {tmp_path}/images/base apt-get -q -y --no-install-recommends install curl jq" in install.stdout
 
     ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    local_root(client, tmp_path / "nodes")
     with transaction(ctx.sessions) as s:
         inventory.add_nodes(s, ctx.clock, ["cli[1-2]"], NodeSettings())
     target = f"{tmp_path}/nodes/{{node}}"

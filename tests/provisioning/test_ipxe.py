@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from gpufleet.cli.app import app as cli_app
+from gpufleet.cli.state import CliState
+from gpufleet.client import HeadClient
 from gpufleet.provisioning.ipxe import BootTarget, boot_files, kernel_command_line, render_node, script_path
 
 TARGET = BootTarget(
@@ -53,3 +61,25 @@ def test_boot_files_hold_each_chain_name_and_one_script_per_node() -> None:
     assert node[0] == "#!ipxe"
     assert node[-3].startswith("kernel tftp://10.141.0.1/images/ubuntu-2204-gpu/vmlinuz initrd=initrd.img ip=")
     assert node[-2:] == ["initrd tftp://10.141.0.1/images/ubuntu-2204-gpu/initrd.img", "boot"]
+
+
+def test_the_cli_never_writes_a_script_outside_the_tftp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head names the files; a head that names one above the root (a bug, or not our head) is refused
+    before anything is written."""
+    answers = {
+        "/api/v1/provision/dhcp-config": httpx.Response(200, text="dhcp-authoritative\n"),
+        "/api/v1/provision/boot-files": httpx.Response(
+            200, json={"gpufleet.ipxe": "#!ipxe\n", "nodes/../../escaped.ipxe": "#!ipxe\n"}
+        ),
+    }
+    head = HeadClient("http://head", "t", transport=httpx.MockTransport(lambda r: answers[r.url.path]))
+    monkeypatch.setattr(CliState, "client", lambda _self: head)
+    conf, root = tmp_path / "gpufleet.conf", tmp_path / "srv" / "tftp"
+    result = CliRunner().invoke(
+        cli_app, ["provision", "dhcp-config", "--output", str(conf), "--tftp-root", str(root)], obj=CliState()
+    )
+    assert result.exit_code != 0
+    assert "outside" in str(result.exception)
+    assert not conf.exists()
+    assert not (root / "gpufleet.ipxe").exists()
+    assert not (tmp_path / "escaped.ipxe").exists()

@@ -95,6 +95,11 @@ def test_bad_networks_are_refused_with_the_reason(sessions: sessionmaker[Session
         (NetworkSpec("x", "10.0.0.0/24", "10.0.0.50", "10.0.0.40"), "its end is before its start"),
         (NetworkSpec("x", "10.0.0.0/24", gateway="192.168.0.1"), "outside 10.0.0.0/24"),
         (NetworkSpec("Bad Name", "10.0.0.0/24"), "lower-case letters"),
+        (NetworkSpec("x\n", "10.0.0.0/24"), "lower-case letters"),  # a tag in dnsmasq's file: one line
+        # Both land in dnsmasq's configuration, and the boot file names a file under the TFTP root.
+        (NetworkSpec("x", "10.0.0.0/24", domain="cluster.local\ndhcp-boot=evil"), "domain must be a DNS name"),
+        (NetworkSpec("x", "10.0.0.0/24", boot_file="../../etc/x.ipxe"), "boot file must be a path under"),
+        (NetworkSpec("x", "10.0.0.0/24", boot_file="/srv/tftp/x.ipxe"), "boot file must be a path under"),
     ]
     with transaction(sessions) as s:
         for spec, message in cases:
@@ -162,3 +167,26 @@ def test_a_node_without_a_mac_is_listed_not_leased(internal: sessionmaker[Sessio
     text = render(internal)
     assert "dhcp-host=" not in text
     assert "# node001 10.141.0.2: no MAC recorded yet" in text
+
+
+def test_a_nodes_boot_address_is_on_the_network_that_boots_it(
+    sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
+    """One rule for image sync and Ansible: a network with a boot server or file first, then an
+    interface named "boot", then the first network by name."""
+    with transaction(sessions) as s:
+        nodes = inventory.add_nodes(s, clock, ["n[1-3]"], NodeSettings())
+        bmc = networks.create_network(s, NetworkSpec("bmc", "10.140.0.0/24"))
+        data = networks.create_network(s, NetworkSpec("data", "10.150.0.0/24"))
+        prov = networks.create_network(s, NetworkSpec("prov", "10.141.0.0/24", boot_server="10.141.0.1"))
+        networks.assign(s, nodes, bmc, interface="ipmi")
+        networks.assign(s, nodes[1:], data, interface="boot")
+        networks.assign(s, nodes[2:], prov, interface="eno1")
+        found = networks.boot_addresses(s)
+        ids = {n.name: n.id for n in nodes}
+        assert {name: found[i] for name, i in ids.items()} == {
+            "n1": "10.140.0.2",  # its only network
+            "n2": "10.150.0.2",  # the interface named boot
+            "n3": "10.141.0.2",  # the network that boots nodes wins
+        }
+        assert networks.boot_addresses(s, [ids["n2"]]) == {ids["n2"]: "10.150.0.2"}

@@ -3,6 +3,7 @@ itemized output and stats parsed (recorded from rsync 3.5.0), and which image go
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.provisioning import images, networks, sync
 from gpufleet.provisioning.image_models import Image
 from gpufleet.provisioning.networks import NetworkSpec
+from gpufleet.provisioning.runner import Completed, Step
 from gpufleet.provisioning.sync import Change, SyncConfig, Target
 from tests.provisioning.images_helpers import ACTOR, sqlite_sessions
 
@@ -151,9 +153,47 @@ def test_sync_targets_are_checked_before_anything_runs(tmp_path: Path) -> None:
     protected = [tmp_path / "data" / "images", tmp_path / "data"]
     for target in ("/", str(tmp_path), str(tmp_path / "data"), str(tmp_path / "data" / "images" / "hgx")):
         with pytest.raises(InvalidInput):
-            sync.check_local(sync.parse_target(target), protected)
-    sync.check_local(sync.parse_target(str(tmp_path / "nodes" / "n1")), protected)
-    sync.check_local(sync.parse_target(str(tmp_path / "data" / "chroots" / "n1")), protected)
+            sync.check_local(sync.parse_target(target), protected, tmp_path)
+    sync.check_local(sync.parse_target(str(tmp_path / "nodes" / "n1")), protected, tmp_path)
+    sync.check_local(sync.parse_target(str(tmp_path / "data" / "chroots" / "n1")), protected, tmp_path)
+
+
+def test_local_targets_lie_under_the_configured_root(tmp_path: Path) -> None:
+    root = tmp_path / "nodes"
+    (root / "n1").mkdir(parents=True)
+    os.symlink("/etc", root / "escape")  # a link inside the root that leads to the head's own files
+    os.symlink("..", root / "up")
+    protected = [tmp_path / "images"]
+    sync.check_local(sync.parse_target(str(root / "n1")), protected, root)
+    sync.check_local(sync.parse_target(str(root / "new" / "n2")), protected, root)  # made by the sync
+    with pytest.raises(InvalidInput, match="refused unless the head's image_sync_local_root"):
+        sync.check_local(sync.parse_target(str(root / "n1")), protected, None)
+    for target in ("/etc/", str(root), str(root / "escape"), str(root / "escape" / "ssh"), str(root / "up" / "x")):
+        with pytest.raises(InvalidInput, match="is not inside"):
+            sync.check_local(sync.parse_target(target), protected, root)
+    with pytest.raises(InvalidInput, match="image_sync_local_root cannot be /"):
+        sync.check_local(sync.parse_target("/etc/"), protected, Path("/"))
+    os.symlink(root, tmp_path / "link-to-nodes")  # the root named through a link is the same root
+    sync.check_local(sync.parse_target(str(root / "n1")), protected, tmp_path / "link-to-nodes")
+
+
+class RecordingRunner:
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+
+    def run(self, step: Step, *, on_line: object = None, ok_codes: frozenset[int] = frozenset({0})) -> Completed:
+        self.steps.append(step)
+        return Completed(step.argv, 0, "", "", 0.0)
+
+
+def test_a_drift_report_runs_under_its_own_short_timeout() -> None:
+    runner = RecordingRunner()
+    target = sync.parse_target("n1:/")
+    for config, timeout in ((SyncConfig(timeout_s=3600), 120.0), (SyncConfig(timeout_s=30), 30.0)):
+        sync.drift(runner, config, node="n1", image="i", revision=1, source=Path("/srv/i"), target=target)
+        assert runner.steps[-1].timeout_s == timeout
+    settings = load_settings(client_file=Path("/nonexistent.toml"), image_drift_timeout_s=45)
+    assert SyncConfig.of(settings).drift_timeout_s == 45
 
 
 def test_which_image_goes_where(sqlite_sessions: sessionmaker[Session], clock: FakeClock) -> None:
@@ -168,26 +208,29 @@ def test_which_image_goes_where(sqlite_sessions: sessionmaker[Session], clock: F
     with transaction(sqlite_sessions) as s:
         with_address = inventory.list_nodes(s, ["plan[1-2]"])
         plans = sync.plan(s, with_address)
+        srv = Path("/srv")
         assert [(p.node, p.image, p.target) for p in plans] == [
             ("plan1", "plan-img", "root@10.9.0.2:/"),
             ("plan2", "plan-img", "root@10.9.0.3:/"),
         ]
         with pytest.raises(InvalidInput, match="plan3 has no address"):
             sync.plan(s, inventory.list_nodes(s, ["plan[1-3]"]))
-        local = sync.plan(s, inventory.list_nodes(s, ["plan[1-3]"]), target="/srv/nodes/{node}")
+        local = sync.plan(s, inventory.list_nodes(s, ["plan[1-3]"]), target="/srv/nodes/{node}", local_root=srv)
         assert [p.target for p in local] == ["/srv/nodes/plan1/", "/srv/nodes/plan2/", "/srv/nodes/plan3/"]
         with pytest.raises(InvalidInput, match="no software_image for bare1"):
-            sync.plan(s, inventory.list_nodes(s, ["bare1"]), target="/srv/nodes/{node}")
+            sync.plan(s, inventory.list_nodes(s, ["bare1"]), target="/srv/nodes/{node}", local_root=srv)
         with pytest.raises(InvalidInput, match="would both be written to /srv/one/"):
-            sync.plan(s, with_address, target="/srv/one")
+            sync.plan(s, with_address, target="/srv/one", local_root=srv)
         with pytest.raises(Conflict, match="plan-busy is changing"):
             sync.plan(s, with_address, image="plan-busy")
         with pytest.raises(InvalidInput, match="cannot be /"):
-            sync.plan(s, with_address[:1], target="/")
+            sync.plan(s, with_address[:1], target="/", local_root=srv)
+        with pytest.raises(InvalidInput, match="refused unless"):
+            sync.plan(s, with_address[:1], target="/srv/nodes/{node}")
         node = inventory.get_node(s, "plan1")
         node.settings = {"sync_target": "/srv/own/{node}", "software_image": "plan-busy"}
         with pytest.raises(Conflict, match="plan-busy"):
-            sync.plan(s, [node])
+            sync.plan(s, [node], local_root=srv)
         assert images.users(s)["plan-busy"] == ["node plan1"]
 
 

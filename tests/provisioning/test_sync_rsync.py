@@ -117,8 +117,9 @@ def _sync(
 
 
 def _plans(sessions: sessionmaker[Session], nodes: str, target: str) -> list[NodePlan]:
+    """Plans for `target`; a local one's directory is the image_sync_local_root."""
     with transaction(sessions, readonly=True) as s:
-        return sync.plan(s, inventory.list_nodes(s, [nodes]), target=target)
+        return sync.plan(s, inventory.list_nodes(s, [nodes]), target=target, local_root=Path(target).parent)
 
 
 def _files(root: Path) -> dict[str, bytes | str]:

@@ -232,3 +232,30 @@ def test_the_tasks_page_shows_progress_and_each_targets_result(
     assert '<tr data-target="node003" data-state="pending">' in detail.text
     assert browser.get("/tasks/999").status_code == 404
     assert "No task yet" in browser.get("/tasks", params={"kind": "power."}).text
+
+
+def test_a_running_head_keeps_looking_for_a_stopped_heads_tasks(
+    sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
+    """A head restarted within a minute of its predecessor finds nothing stale at start; it must find
+    the task once its heartbeat has aged, not leave it running for good."""
+    runner = TaskRunner(sessions, clock)
+    runner.watch(every_s=0.05)
+    try:
+        orphan = _task(sessions, clock, ["a"])
+        with transaction(sessions) as s:
+            service.mark_running(s, clock, orphan)
+        time.sleep(0.2)
+        with transaction(sessions, readonly=True) as s:
+            assert service.get(s, orphan).state == "running"  # its head may still be alive
+        clock.advance(61)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with transaction(sessions, readonly=True) as s:
+                if service.get(s, orphan).state == "interrupted":
+                    break
+            time.sleep(0.05)
+        with transaction(sessions, readonly=True) as s:
+            assert service.get(s, orphan).state == "interrupted"
+    finally:
+        runner.close()

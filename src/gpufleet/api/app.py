@@ -139,8 +139,9 @@ ROOT_ROUTERS: tuple[APIRouter, ...] = (prometheus_metrics.router,)
 
 @contextlib.asynccontextmanager
 async def _serving(runner: TaskRunner) -> AsyncIterator[None]:
-    """Tasks a stopped head left unfinished are marked interrupted; ours get a moment to end at shutdown."""
-    await asyncio.to_thread(runner.interrupt_stale)
+    """Tasks a stopped head left unfinished are marked interrupted, now and every little while; ours get
+    a moment to end at shutdown."""
+    runner.watch()
     try:
         yield
     finally:

@@ -233,12 +233,17 @@ def _changes(task: dict[str, Any]) -> None:
 def drift(
     ctx: typer.Context,
     node: Annotated[str, typer.Argument(help="the node")],
-    image: Annotated[str | None, typer.Option(help="compare with this image (default: the node's)")] = None,
-    target: Annotated[str | None, typer.Option(help="where the node's tree is (default: its sync_target)")] = None,
+    image: Annotated[
+        str | None, typer.Option(help="compare with this image (default: the node's); needs images:write")
+    ] = None,
+    target: Annotated[
+        str | None, typer.Option(help="where the node's tree is (default: its sync_target); needs images:write")
+    ] = None,
     output: Format = OutputOpt,
 ) -> None:
     """Files on a node that differ from its image (by content), are missing or extra, or differ in
-    mode or owner; exits 1 when there is drift."""
+    mode or owner; exits 1 when there is drift. The head runs the comparison while the command
+    waits, for at most its image_drift_timeout_s (120 s by default)."""
     report = state(ctx).client().node_drift(node, image, target)
     if output is Format.json:
         print_json(report)

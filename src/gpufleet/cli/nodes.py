@@ -24,9 +24,9 @@ LIST_COLUMNS = [
     ("category", "Category"),
     ("last_seen", "Last heartbeat"),
     ("drain", "Drained"),
-    ("power_state", "Power"),
 ]
 WLM_COLUMN = ("wlm_state", "Slurm")  # shown when the workload manager is Slurm
+POWER_COLUMN = ("power_state", "Power")  # shown when a listed node has a BMC
 Names = Annotated[list[str], typer.Argument(help="node names or hostlist expressions, e.g. gpu[001-016]")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="print what would change and change nothing")]
 
@@ -78,6 +78,8 @@ def list_(
     columns = list(LIST_COLUMNS)
     if any(n.get("wlm_state") for n in nodes):
         columns.insert(3, WLM_COLUMN)
+    if any(n.get("power_state") for n in nodes):
+        columns.insert(3, POWER_COLUMN)
     table([_list_row(n) for n in nodes], columns, title=f"{len(nodes)} nodes")
 
 

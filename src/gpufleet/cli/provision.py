@@ -118,8 +118,12 @@ def dhcp_config(
     files = {output_file: client.dhcp_config(str(tftp_root) if tftp_root else None)}
     stale: list[Path] = []
     if tftp_root is not None:
-        scripts = client.boot_files()
-        files |= {tftp_root / relative: text for relative, text in scripts.items()}
+        root = tftp_root.resolve()
+        for relative, text in client.boot_files().items():
+            path = tftp_root / relative
+            if not path.resolve().is_relative_to(root):  # the head names files under the root, never above
+                raise InvalidInput(f"the head asked to write {relative!r}, outside {tftp_root}: refused")
+            files[path] = text
         stale = _stale_scripts(tftp_root, set(files))
     changed = {path: text for path, text in files.items() if _read(path) != text}
     if dry_run:

@@ -137,6 +137,10 @@ class Settings(BaseSettings):
         900, ge=0, le=86400, description="how long one task may take on one host (Ansible's TASK_TIMEOUT); 0: none"
     )
     ansible_forks: int = Field(20, ge=1, le=1000, description="hosts an Ansible run works on at once")
+    ansible_local_connection: bool = Field(
+        False,
+        description="let a node's label ansible/connection=local run its tasks on the head itself (trials, tests)",
+    )
     # Software images and image sync (provisioning.images, provisioning.sync)
     images_dir: Path | None = Field(None, description="where the head keeps software images; None: data_dir/images")
     image_mirror: str = Field("http://deb.debian.org/debian", description="Debian mirror debootstrap uses by default")
@@ -146,8 +150,25 @@ class Settings(BaseSettings):
     image_command_timeout_s: float = Field(
         3600.0, gt=0, le=86400, description="how long debootstrap, tar, cp or apt may run on an image"
     )
+    image_allowed_mirrors: list[str] = Field(
+        default_factory=lambda: [
+            "http://deb.debian.org/debian",
+            "https://deb.debian.org/debian",
+            "http://archive.ubuntu.com/ubuntu",
+            "https://archive.ubuntu.com/ubuntu",
+            "http://ports.ubuntu.com/ubuntu-ports",
+            "https://ports.ubuntu.com/ubuntu-ports",
+        ],
+        description="package mirrors an image create may name (their maintainer scripts run as root on the head)",
+    )
     image_sync_limit: int = Field(8, ge=1, le=1000, description="nodes an image sync writes to at once")
     image_sync_timeout_s: float = Field(3600.0, gt=0, le=86400, description="how long one node's rsync may run")
+    image_sync_local_root: Path | None = Field(
+        None, description="the directory local sync targets must lie under; None: local targets are refused"
+    )
+    image_drift_timeout_s: float = Field(
+        120.0, gt=0, le=600, description="how long a drift report's rsync may run (it runs in the request)"
+    )
     image_sync_excludes: list[str] = Field(
         default_factory=list, description="rsync patterns no image sync touches, beyond the built-in ones"
     )

@@ -109,7 +109,7 @@ def _apply(stored: Mapping[str, Any] | None, set_: Mapping[str, Any], unset: Seq
 
 
 def check_name(name: str) -> None:
-    if not re.match(NAME_PATTERN, name):
+    if not re.fullmatch(NAME_PATTERN, name):
         raise InvalidInput(f"invalid category name {name!r}: use letters, digits, '.', '_' and '-' (max 63)")
 
 

@@ -26,7 +26,7 @@ def expand_names(expressions: list[str]) -> list[str]:
     """Hostlist-expand and validate node names. Raises InvalidInput naming the first bad one."""
     names = hostlist.expand(expressions)
     for name in names:
-        if not NODE_NAME_PATTERN.match(name):
+        if not NODE_NAME_PATTERN.fullmatch(name):
             raise InvalidInput(f"invalid node name {name!r}: use letters, digits, '.', '_' and '-' (max 63)")
     return names
 

@@ -12,6 +12,7 @@ recorded in the task and its last read state on its `bmcs` row. Functions taking
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ WANTED = {
 DISRUPTIVE = frozenset({PowerAction.OFF, PowerAction.CYCLE, PowerAction.RESET})
 STAGGERED = frozenset({PowerAction.ON, PowerAction.CYCLE})
 MAX_ERROR = 512
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 
 
 @dataclass(frozen=True)
@@ -91,25 +93,50 @@ class BmcSpec:
     verify_tls: bool = True
 
 
+def redact_address(address: str) -> str:
+    """`address` without credentials in it (`https://admin:pw@h` -> `https://***@h`, `u@h` -> `***@h`).
+
+    Such an address is refused (`_check`), but the refusal and the audit record must not repeat the
+    password, so whatever shows a submitted address shows it through here.
+    """
+    scheme, sep, rest = address.partition("://")
+    if not (sep and _SCHEME.fullmatch(scheme)):
+        scheme, sep, rest = "", "", address
+    if "@" not in rest:
+        return address
+    return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}"  # the last @: a password may hold one
+
+
 def _check(spec: BmcSpec) -> BmcSpec:
-    """The spec, normalised. Raises InvalidInput for a protocol, address or port that cannot work."""
+    """The spec, normalised. Raises InvalidInput for a protocol, address or port that cannot work.
+
+    An address holding a user name or password (`https://admin:pw@host`, `admin@host`) is refused: it
+    would be stored and shown in the clear (the address is no secret), and the credentials have fields
+    of their own, whose password is sealed.
+    """
     if spec.protocol not in PROTOCOLS:
         raise InvalidInput(f"protocol must be one of {', '.join(PROTOCOLS)}")
     address = spec.address.strip()
+    shown = redact_address(address)[:80]
+    if "@" in address:
+        raise InvalidInput(
+            f"a BMC address holds no user name or password ({shown!r}): "
+            "give them with --username and --password-stdin (API: the username and password fields)"
+        )
     if not address or any(c.isspace() for c in address) or address.startswith("-"):
-        raise InvalidInput(f"{spec.address[:80]!r} is not a BMC address")
+        raise InvalidInput(f"{shown!r} is not a BMC address")
     if not spec.username or not spec.password:
         raise InvalidInput("a BMC needs a username and a password")
     if spec.protocol == "redfish":
         url = urlsplit(redfish.base_url(address))
         if url.scheme not in ("http", "https") or not url.hostname or url.path not in ("", "/") or url.query:
-            raise InvalidInput(f"a Redfish address is the BMC's base URL, e.g. https://10.140.0.12, not {address!r}")
+            raise InvalidInput(f"a Redfish address is the BMC's base URL, e.g. https://10.140.0.12, not {shown!r}")
         if spec.port is not None:
             raise InvalidInput("a Redfish BMC's port belongs in its URL (https://host:8443)")
         address = redfish.base_url(address)
     else:
         if "://" in address or "/" in address:
-            raise InvalidInput(f"an IPMI address is a host name or IP address, not {address!r}")
+            raise InvalidInput(f"an IPMI address is a host name or IP address, not {shown!r}")
         if spec.system_id is not None:
             raise InvalidInput("a system id is for Redfish BMCs only")
     if spec.system_id is not None and ("/" in spec.system_id or not spec.system_id.strip()):
@@ -337,6 +364,7 @@ class Outcome:
     state: PowerState
     detail: str
     seconds: float
+    confirmed: bool = True  # False: the BMC took the request, but its power state never showed it
 
 
 def act(
@@ -351,7 +379,12 @@ def act(
     """Do `action` on one BMC and wait until its power state shows it done, or the timeout passes.
 
     A node already in the wanted state is left alone (on, off); cycle and reset of a node that is off
-    power it on, as IPMI does nothing for them then. Raises BmcError when the BMC fails.
+    power it on, as IPMI does nothing for them then. A cycle or reset of a node that is on ends where it
+    began, so reading "on" proves nothing until the state was seen to leave "on" (off, or a state the
+    BMC does not name). Many BMCs never show that for a warm reset (a ForceRestart keeps the power on):
+    one whose state never changed by the deadline is reported ok but unconfirmed, saying so, rather
+    than failed (the BMC accepted the request) or confirmed (nothing showed it). Raises BmcError when
+    the BMC fails.
     """
     started = clock.now()
     before = client.power_state()
@@ -360,6 +393,7 @@ def act(
     wanted = WANTED[action]
     if action in (PowerAction.ON, PowerAction.OFF) and before is wanted:
         return Outcome(True, before, f"already {wanted.value}", 0.0)
+    round_trip = False  # a cycle or reset of a node that is on: it must be seen to leave "on" first
     if action is PowerAction.ON or (action in (PowerAction.CYCLE, PowerAction.RESET) and before is PowerState.OFF):
         client.power_on()
         did = "powered on" if action is PowerAction.ON else f"was off: powered on instead of {action.value}"
@@ -368,18 +402,29 @@ def act(
         did = "powered off"
     elif action is PowerAction.CYCLE:
         client.power_cycle()
-        did = "power cycled"
+        did, sent, round_trip = "power cycled", "power cycle sent", before is wanted
     else:
         client.reset()
-        did = "reset"
-    state = before
+        did, sent, round_trip = "reset", "reset sent", before is wanted
+    left: PowerState | None = None  # the first state other than `wanted` seen on a round trip
     deadline = started + confirm_timeout_s
     while True:
         state = client.power_state()
         elapsed = clock.now() - started
-        if state is wanted:
-            return Outcome(True, state, f"{did}: {state.value} after {elapsed:.1f} s", elapsed)
+        if round_trip and left is None and state is not wanted:
+            left = state
+        if state is wanted and (not round_trip or left is not None):
+            how = f"{left.value}, then {state.value}" if left is not None else state.value
+            return Outcome(True, state, f"{did}: {how} after {elapsed:.1f} s", elapsed)
         if clock.now() >= deadline:
+            if round_trip and left is None:
+                return Outcome(
+                    True,
+                    state,
+                    f"{sent}; the BMC reported no transition ({state.value} throughout {confirm_timeout_s:g} s)",
+                    elapsed,
+                    confirmed=False,
+                )
             return Outcome(False, state, f"{did}, but still {state.value} after {confirm_timeout_s:g} s", elapsed)
         sleep(min(poll_s, max(0.0, deadline - clock.now())))
 
@@ -445,8 +490,13 @@ def run(
                 close()
         with transaction(sessions) as session:
             record(session, clock, node, outcome.state, None if outcome.ok else outcome.detail)
-        states[node] = outcome.state.value if outcome.ok else "failed"
-        data = {"power_state": outcome.state.value, "seconds": round(outcome.seconds, 1)}
+        if not outcome.ok:
+            states[node] = "failed"
+        else:
+            states[node] = outcome.state.value if outcome.confirmed else "unconfirmed"
+        data: dict[str, Any] = {"power_state": outcome.state.value, "seconds": round(outcome.seconds, 1)}
+        if not outcome.confirmed:
+            data["confirmed"] = False
         return TargetResult(outcome.ok, outcome.detail, data)
 
     task.fan_out(power_plan.nodes, one, limit=power_plan.limit, stagger_s=power_plan.stagger_s)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 # One line of printable text: these values end up in an iPXE script, a Slurm configuration and an
 # rsync command's argument, where a newline or control character would start a line of its own.
@@ -23,6 +23,19 @@ _LINE = r"^[^\x00-\x1f\x7f]*$"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"  # categories, images, partitions
 
 Line = Annotated[str, StringConstraints(pattern=_LINE)]
+# iPXE reads a script line as commands: `&&` and `||` chain another command and `${...}` expands a
+# variable, so kernel parameters holding them could make a node boot something else entirely.
+_IPXE_SYNTAX = ("&&", "||", "${")
+
+
+def _no_ipxe_syntax(value: str) -> str:
+    found = [token for token in _IPXE_SYNTAX if token in value]
+    if found:
+        raise ValueError(f"may not contain {' or '.join(found)}: iPXE would read it as a command")
+    return value
+
+
+KernelParams = Annotated[str, StringConstraints(pattern=_LINE), AfterValidator(_no_ipxe_syntax)]
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 
 
@@ -41,7 +54,7 @@ class NodeSettingValues(BaseModel):
         "substituted; an absolute path is a local directory",
     )
     partition: Name | None = Field(None, description="the workload manager's partition the node is in")
-    kernel_params: Line = Field("", max_length=1024, description="kernel command line appended at network boot")
+    kernel_params: KernelParams = Field("", max_length=1024, description="kernel command line appended at network boot")
     expected_gpus: int | None = Field(
         None, ge=0, le=64, description="GPUs the node must have; fewer fails the gpu_count health check"
     )

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.core import hostlist
@@ -48,7 +47,7 @@ from gpufleet.inventory import categories
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.categories import Resolved
 from gpufleet.inventory.models import Node
-from gpufleet.provisioning.models import Interface, Network
+from gpufleet.provisioning import networks
 from gpufleet.tasks import service as tasks
 from gpufleet.tasks.models import Task
 from gpufleet.tasks.runner import TaskContext
@@ -61,6 +60,19 @@ _GROUP_BAD = re.compile(r"[^A-Za-z0-9_]")
 _VAR = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _TEMPLATE_MARKS = ("{{", "{%", "{#")
+# Labels may be set by operators, and a playbook runs with the head's SSH keys: only these variables
+# may come from a label, each with the values it may take. `ansible_connection=local` (run on the
+# head itself) and `*_args`, `ssh_executable` and the like are never read from a label; local
+# connections need the head's `ansible_local_connection` setting (tests, a single-machine trial).
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+_LABEL_VARS: dict[str, re.Pattern[str]] = {
+    "ansible_user": _USER,
+    "ansible_become_user": _USER,
+    "ansible_port": re.compile(r"[0-9]{1,5}"),
+    "ansible_python_interpreter": re.compile(r"/[A-Za-z0-9._/+-]{1,255}"),
+    "ansible_connection": re.compile(r"ssh|paramiko"),
+}
+_LOCAL_CONNECTION = re.compile(r"ssh|paramiko|local")
 _PLAY_KEYS = frozenset({"hosts", "import_playbook", "ansible.builtin.import_playbook"})
 _STATS = (("ok", "ok"), ("changed", "changed"), ("failures", "failed"), ("dark", "unreachable"))
 _MORE_STATS = (("skipped", "skipped"), ("rescued", "rescued"), ("ignored", "ignored"))
@@ -86,21 +98,6 @@ def _groups(prefix: str, names: Iterable[str]) -> dict[str, str]:
     }
 
 
-def boot_addresses(session: Session) -> dict[int, str]:
-    """Each node's boot address by node id: its address on a network that boots nodes (one with a
-    boot server or boot file), else on its first network by name."""
-    rows = session.execute(
-        select(Interface.node_id, Interface.address, Network.name, Network.boot_server, Network.boot_file).join(
-            Network, Network.id == Interface.network_id
-        )
-    ).all()
-    ranked = sorted(rows, key=lambda r: (not (r.boot_server or r.boot_file), r.name))
-    out: dict[int, str] = {}
-    for row in ranked:
-        out.setdefault(row.node_id, row.address)
-    return out
-
-
 def unsafe(value: Any) -> Any:
     """`value` with every string Ansible would render as a template (one holding `{{`, `{%` or `{#`)
     marked unsafe (`{"__ansible_unsafe": text}`), so Ansible keeps it as text. Without this, whoever
@@ -115,9 +112,11 @@ def unsafe(value: Any) -> Any:
     return value
 
 
-def host_vars(node: Node, address: str | None, settings: Mapping[str, Resolved]) -> dict[str, Any]:
+def host_vars(
+    node: Node, address: str | None, settings: Mapping[str, Resolved], *, allow_local: bool = False
+) -> dict[str, Any]:
     """One host's variables (pure): see the module's docstring. Values that look like templates are
-    marked unsafe (see `unsafe`)."""
+    marked unsafe (see `unsafe`); a label naming a variable or value not in `_LABEL_VARS` is left out."""
     labels = dict(node.labels or {})
     out: dict[str, Any] = {}
     target = address or node.hostname
@@ -131,22 +130,26 @@ def host_vars(node: Node, address: str | None, settings: Mapping[str, Resolved])
     for key, value in sorted(labels.items()):
         if key.startswith(LABEL_PREFIX):
             var = "ansible_" + re.sub(r"[-./]", "_", key[len(LABEL_PREFIX) :])
-            if _VAR.match(var):
+            allowed = _LOCAL_CONNECTION if allow_local and var == "ansible_connection" else _LABEL_VARS.get(var)
+            if allowed is not None and isinstance(value, str) and allowed.fullmatch(value):
                 out[var] = value
     return {key: unsafe(value) for key, value in out.items()}
 
 
-def build_inventory(session: Session) -> dict[str, Any]:
-    """Every node as Ansible's script inventory (`--list`): groups and `_meta.hostvars`."""
+def build_inventory(session: Session, *, allow_local: bool = False) -> dict[str, Any]:
+    """Every node as Ansible's script inventory (`--list`): groups and `_meta.hostvars`. Nodes may
+    ask for `ansible_connection=local` only with `allow_local` (the `ansible_local_connection` setting)."""
     nodes = inventory.list_nodes(session)
     resolved = categories.resolve_many(session, nodes)
-    addresses = boot_addresses(session)
+    addresses = networks.boot_addresses(session)
     by_category = _groups("category", {n.category for n in nodes if n.category})
     by_state = _groups("state", {str(n.state.value) for n in nodes})
     groups: dict[str, list[str]] = {}
     hostvars: dict[str, dict[str, Any]] = {}
     for node in nodes:  # in name order
-        hostvars[node.name] = host_vars(node, addresses.get(node.id), resolved.get(node.name, {}))
+        hostvars[node.name] = host_vars(
+            node, addresses.get(node.id), resolved.get(node.name, {}), allow_local=allow_local
+        )
         if node.category:
             groups.setdefault(by_category[node.category], []).append(node.name)
         groups.setdefault(by_state[str(node.state.value)], []).append(node.name)
@@ -257,7 +260,7 @@ class RunPlan:
         }
 
 
-def plan_run(session: Session, request: RunRequest) -> RunPlan:
+def plan_run(session: Session, request: RunRequest, *, allow_local: bool = False) -> RunPlan:
     """Check a run request against the inventory. Raises InvalidInput (bad playbook, name, hosts or
     variables) or NotFound (an unknown category or node). Reads only."""
     if not _FILE_NAME.match(request.name):
@@ -287,7 +290,7 @@ def plan_run(session: Session, request: RunRequest) -> RunPlan:
         hosts=hosts,
         plays=plays,
         digest=hashlib.sha256(request.playbook.encode()).hexdigest(),
-        inventory=build_inventory(session),
+        inventory=build_inventory(session, allow_local=allow_local),
     )
 
 

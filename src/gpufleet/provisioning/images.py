@@ -47,6 +47,7 @@ from gpufleet.inventory.models import Node
 from gpufleet.protocol.settings import NAME_PATTERN
 from gpufleet.provisioning.image_models import Image, ImageRevision
 from gpufleet.provisioning.runner import CommandFailed, Runner, Step
+from gpufleet.tasks import service as tasks
 from gpufleet.tasks.models import Task
 from gpufleet.tasks.service import FINISHED_STATES
 
@@ -59,6 +60,10 @@ _MIRROR = re.compile(r"^(https?|file)://[^\s'\"\\]+$")
 # A Debian package name, optionally =version or /release: never an option (no leading '-').
 _PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,127}([=/][A-Za-z0-9.+:~_-]{1,128})?$")
 EXCLUDE_SUFFIX = ".exclude"  # images_dir/NAME.exclude: rsync patterns this image never syncs
+# The tasks that read an image while they run (`readers`): it may not change or go away under them.
+# A clone's params name its source as `clone_of`, a sync's its images as `images`.
+READING_KINDS = ("image.clone", "image.sync", "image.sync-dry-run")
+UNFINISHED_STATES = ("queued", "running")
 MAX_PACKAGES = 200
 POLICY_RC_D = "#!/bin/sh\n# gpufleet: no service starts while packages are installed into an image\nexit 101\n"
 
@@ -71,6 +76,8 @@ class ImageConfig:
     command_timeout_s: float = 3600.0
     debian_mirror: str = DEBIAN_MIRROR
     ubuntu_mirror: str = UBUNTU_MIRROR
+    # Mirrors a request may name (besides the two defaults): a mirror's maintainer scripts run as root.
+    allowed_mirrors: tuple[str, ...] = (DEBIAN_MIRROR, UBUNTU_MIRROR)
 
     @classmethod
     def of(cls, settings: Settings) -> ImageConfig:
@@ -79,7 +86,14 @@ class ImageConfig:
             command_timeout_s=settings.image_command_timeout_s,
             debian_mirror=settings.image_mirror,
             ubuntu_mirror=settings.image_ubuntu_mirror,
+            allowed_mirrors=tuple(settings.image_allowed_mirrors),
         )
+
+    def mirror_allowed(self, mirror: str) -> bool:
+        """Whether a request may name `mirror`: one of the allowed ones or a default (a trailing '/'
+        makes no difference)."""
+        known = {m.rstrip("/") for m in (*self.allowed_mirrors, self.debian_mirror, self.ubuntu_mirror)}
+        return mirror.rstrip("/") in known
 
     def path(self, name: str) -> Path:
         return self.images_dir / name
@@ -118,8 +132,12 @@ class TreeDigest:
 
 
 def check_name(name: str) -> None:
+    """An image's name is also its directory's; `NAME.exclude` beside it is image NAME's exclude file,
+    so a name ending so would be read as another image's exclusions."""
     if not re.match(NAME_PATTERN, name):
         raise InvalidInput(f"invalid image name {name!r}: use letters, digits, '.', '_' and '-' (max 63)")
+    if name.endswith(EXCLUDE_SUFFIX):
+        raise InvalidInput(f"invalid image name {name!r}: a name may not end in {EXCLUDE_SUFFIX} (exclude files do)")
 
 
 def check_packages(packages: Sequence[str]) -> list[str]:
@@ -277,6 +295,11 @@ def check_create(session: Session, config: ImageConfig, name: str, source: Sourc
             raise InvalidInput(f"{source.release[:40]!r} is not a release name (e.g. bookworm, noble)")
         if source.mirror is not None and not _MIRROR.match(source.mirror):
             raise InvalidInput("the mirror must be an http://, https:// or file:// URL")
+        if source.mirror is not None and not config.mirror_allowed(source.mirror):
+            raise InvalidInput(
+                f"{source.mirror[:120]} is not an allowed mirror: its packages' scripts would run as root on the "
+                "head (an admin lists mirrors in the image_allowed_mirrors setting)"
+            )
     elif source.tarball is not None:
         tarball = Path(source.tarball)
         if not tarball.is_absolute() or not tarball.is_file():
@@ -297,8 +320,11 @@ def begin_create(
     session: Session, clock: Clock, config: ImageConfig, name: str, source: Source, actor: str
 ) -> tuple[Image, Path | None]:
     """`check_create`, then record the image as `creating`; returns it and, for a clone, the source
-    image's path. The unique name holds even between head replicas: the second insert fails."""
+    image's path. The unique name holds even between head replicas: the second insert fails. A
+    clone's source is held (`hold`), so a change to it that began meanwhile is seen."""
     clone_path = check_create(session, config, name, source)
+    if source.clone_of is not None:
+        hold(session, [source.clone_of])
     image = Image(
         name=name,
         path=str(config.path(name)),
@@ -315,14 +341,53 @@ def begin_create(
 
 def begin_change(session: Session, name: str) -> Image:
     """Mark a ready image `changing` for one task. Raises NotFound, or Conflict when another change
-    is under way (the update is conditional, so two head replicas cannot both begin one)."""
+    is under way (the update is conditional, so two head replicas cannot both begin one) or while a
+    sync or clone reads the image (`readers`): apt rewriting files under an rsync --delete would
+    send nodes a half-changed tree. The update comes first: it waits for a sync that holds the row
+    (`hold`) to commit, so the readers looked up after it include that sync's task."""
     image = get_image(session, name)
     expected = image.state if _abandoned(session, image) else "ready"
     done = session.execute(update(Image).where(Image.id == image.id, Image.state == expected).values(state="changing"))
     if getattr(done, "rowcount", 0) != 1:
         raise Conflict(f"image {name} is {image.state}: wait for that to end")
+    _refuse_while_read(session, name, "changed")
     session.refresh(image)
     return image
+
+
+def readers(session: Session, name: str) -> list[int]:
+    """The unfinished tasks that read image `name`: syncs (and their dry runs) whose params name it
+    among their images, clones whose source it is. Few tasks are ever unfinished, so their params
+    are read here rather than queried as JSON (which SQLite and PostgreSQL spell differently)."""
+    rows = session.execute(
+        select(Task.id, Task.kind, Task.params).where(Task.kind.in_(READING_KINDS), Task.state.in_(UNFINISHED_STATES))
+    )
+    out = []
+    for task_id, kind, params in rows:
+        values = params or {}
+        if name in (values.get("images") or []) or (kind == "image.clone" and values.get("clone_of") == name):
+            out.append(task_id)
+    return sorted(out)
+
+
+def _refuse_while_read(session: Session, name: str, what: str) -> None:
+    reading = readers(session, name)
+    if reading:
+        shown = ", ".join(str(t) for t in reading[:5])
+        raise Conflict(f"image {name} is being read by task {shown} (a sync or clone): it can be {what} when that ends")
+
+
+def hold(session: Session, names: Sequence[str]) -> None:
+    """Check that each image is ready and lock its row until the caller commits (an update that
+    changes nothing): a sync's or clone's request calls this before recording its task, so a
+    `begin_change` or `remove_image` on another head replica either ends first (and this raises
+    Conflict) or waits and then sees the task. Raises NotFound or Conflict."""
+    for name in sorted(set(names)):
+        image = get_image(session, name)
+        done = session.execute(update(Image).where(Image.id == image.id, Image.state == "ready").values(state="ready"))
+        if getattr(done, "rowcount", 0) != 1:
+            session.refresh(image)
+            raise Conflict(f"image {name} is {image.state}: wait for that to end")
 
 
 def attach_task(session: Session, image: Image, task_id: int) -> None:
@@ -340,30 +405,36 @@ def _abandoned(session: Session, image: Image) -> bool:
 
 def remove_image(session: Session, name: str, config: ImageConfig) -> Path:
     """Forget an image; returns its directory, for the caller to delete once this has committed.
-    Raises NotFound, or Conflict while a task works on it or while a category or node names it."""
+    Raises NotFound, or Conflict while a task works on it, while a sync or clone reads it, or while
+    a category or node names it. The row is deleted before the readers are looked up, for the same
+    reason `begin_change` updates first."""
     image = get_image(session, name)
     if image.state != "ready" and not _abandoned(session, image):
         raise Conflict(f"image {name} is {image.state}: remove it when that ends")
     used = users(session).get(name)
     if used:
         raise Conflict(f"image {name} is the software_image of {', '.join(used[:5])}: change that first")
+    path = Path(image.path)
     session.delete(image)
+    session.flush()
+    _refuse_while_read(session, name, "removed")
     asset_store.forget_image(session, name)
     session.flush()
-    return Path(image.path)
+    return path
 
 
 def delete_tree(path: Path, config: ImageConfig) -> None:
     """Delete an image's directory and its exclude file: moved aside first, so a half-deleted tree
     never sits under an image's name."""
     shutil.rmtree(config.building(path.name), ignore_errors=True)
+    # first, and whether or not the tree is there: a later image of this name must not inherit it
+    config.exclude_file(path.name).unlink(missing_ok=True)
     if not os.path.lexists(path):
         return
     doomed = path.with_name(f".{path.name}.removing")
     shutil.rmtree(doomed, ignore_errors=True)
     os.rename(path, doomed)
     shutil.rmtree(doomed, ignore_errors=True)
-    config.exclude_file(path.name).unlink(missing_ok=True)
 
 
 def record_revision(
@@ -427,6 +498,7 @@ def run_create(
     failure the half-built tree and the image's row are removed (the task keeps the reason).
     Raises CommandFailed (or OSError) with what went wrong."""
     building = config.building(name)
+    copied_excludes = False
     try:
         config.images_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(building, ignore_errors=True)  # a crashed build's leftovers
@@ -438,10 +510,13 @@ def run_create(
             original_excludes = config.exclude_file(clone_path.name)
             if original_excludes.exists():
                 shutil.copy2(original_excludes, config.exclude_file(name))
+                copied_excludes = True
         tree = tree_digest(building)
         os.rename(building, config.path(name))
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
+        if copied_excludes:  # ours: an image that never came to be has no exclusions
+            config.exclude_file(name).unlink(missing_ok=True)
         with transaction(sessions) as session:
             session.execute(delete(Image).where(Image.name == name, Image.state == "creating"))
         raise
@@ -493,16 +568,33 @@ def run_install(
     return f"image {name}: revision {revision}, installed {listed}"
 
 
-def release(sessions: sessionmaker[Session], name: str) -> None:
-    """Set an image ready again after its task could not start."""
+def release(sessions: sessionmaker[Session], clock: Clock, name: str, task_id: int, reason: str) -> None:
+    """Undo what a request marked when its task's thread could not start: a `changing` image is ready
+    again, a `creating` one (no tree yet) is forgotten, and the task is failed (`fail_unstarted`)."""
     with transaction(sessions) as session:
-        session.execute(update(Image).where(Image.name == name, Image.state == "changing").values(state="ready"))
+        owned = (Image.name == name) & (Image.task_id == task_id)
+        session.execute(update(Image).where(owned, Image.state == "changing").values(state="ready", task_id=None))
+        session.execute(delete(Image).where(owned, Image.state == "creating"))
+        fail_unstarted(session, clock, task_id, reason)
+
+
+def fail_unstarted(session: Session, clock: Clock, task_id: int, reason: str) -> None:
+    """Fail a task whose thread could not start: left queued, a sync or clone would hold its images
+    (`readers`) for good."""
+    task = session.get(Task, task_id)
+    if task is not None and task.state in UNFINISHED_STATES:
+        tasks.finish(session, clock, task_id, error=f"could not start: {reason}"[:1024], summary=None)
 
 
 class _chroot_prepared:
     """The host's resolv.conf and a deny-all policy-rc.d in the image while apt runs; whatever was
     there before is put back after, links included. Refuses an image whose etc/ or usr/sbin/ leads
-    out of the image (a link to the head's own /etc would have us overwrite it)."""
+    out of the image (a link to the head's own /etc would have us overwrite it).
+
+    What was there is kept beside it as `NAME.gpufleet-saved`, and where nothing was, an empty
+    `NAME.gpufleet-absent` says so: a head that crashed mid-install leaves either behind, and the
+    next install first puts the image back as it was (else it would save our file over the
+    original, and leave services unable to start on every node synced from it)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -510,33 +602,57 @@ class _chroot_prepared:
             (root / "etc" / "resolv.conf", _host_resolv_conf(), 0o644),
             (root / "usr" / "sbin" / "policy-rc.d", POLICY_RC_D, 0o755),
         ]
-        self.saved: list[tuple[Path, Path | None]] = []
+        self.saved: list[Path] = []  # the files put in place, each with its backup or absent-marker
+
+    @staticmethod
+    def _backup(path: Path) -> Path:
+        return path.with_name(path.name + ".gpufleet-saved")
+
+    @staticmethod
+    def _absent(path: Path) -> Path:
+        return path.with_name(path.name + ".gpufleet-absent")
+
+    @classmethod
+    def _put_back(cls, path: Path) -> None:
+        """The image's own file back in place of ours (or none, where it had none)."""
+        backup, absent = cls._backup(path), cls._absent(path)
+        ours = os.path.lexists(backup) or os.path.lexists(absent)
+        if ours and os.path.lexists(path) and not os.path.isdir(path):
+            os.unlink(path)
+        if os.path.lexists(backup):
+            os.rename(backup, path)
+        if os.path.lexists(absent):
+            os.unlink(absent)
 
     def __enter__(self) -> None:
         real_root = os.path.realpath(self.root)
-        for path, text, mode in self.files:
-            if not os.path.lexists(path.parent):
-                continue  # no usr/sbin: no invoke-rc.d either, nothing to keep from starting
+        present = [(path, text, mode) for path, text, mode in self.files if os.path.lexists(path.parent)]
+        for path, _, _ in present:  # no usr/sbin: no invoke-rc.d either, nothing to keep from starting
             parent = os.path.realpath(path.parent)
             if os.path.commonpath([real_root, parent]) != real_root or not os.path.isdir(parent):
                 raise CommandFailed(f"{path.parent} is not a directory inside the image: not an installable image")
-            backup = path.with_name(path.name + ".gpufleet-saved")
+        try:
+            self._prepare(present)
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _prepare(self, present: list[tuple[Path, str, int]]) -> None:
+        for path, text, mode in present:
+            self._put_back(path)  # a crashed install's leftovers
             if os.path.lexists(path):
-                os.rename(path, backup)  # a link is moved, never followed
-                self.saved.append((path, backup))
+                os.rename(path, self._backup(path))  # a link is moved, never followed
             else:
-                self.saved.append((path, None))
+                os.close(os.open(self._absent(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+            self.saved.append(path)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
             with os.fdopen(fd, "w") as fh:
                 fh.write(text)
             os.chmod(path, mode)
 
     def __exit__(self, *exc: Any) -> None:
-        for path, backup in reversed(self.saved):
-            if os.path.lexists(path) and not os.path.isdir(path):
-                os.unlink(path)
-            if backup is not None:
-                os.rename(backup, path)
+        for path in reversed(self.saved):
+            self._put_back(path)
 
 
 def _host_resolv_conf() -> str:

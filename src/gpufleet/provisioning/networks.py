@@ -23,6 +23,12 @@ from gpufleet.provisioning.models import Interface, Network
 
 _MAC = re.compile(r"^[0-9a-f]{2}([:-]?)[0-9a-f]{2}(\1[0-9a-f]{2}){4}$")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+# Both end up in dnsmasq's configuration, and the boot file also names a file under the TFTP root:
+# a DNS name, and a relative path whose parts start with a letter or digit (so no "..", no "/x").
+_DOMAIN = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
+_BOOT_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ def _address(text: str, what: str) -> ipaddress.IPv4Address:
 
 def create_network(session: Session, spec: NetworkSpec) -> Network:
     """Raises InvalidInput for a malformed spec, Conflict for a taken name."""
-    if not _NAME.match(spec.name):
+    if not _NAME.fullmatch(spec.name):
         raise InvalidInput("a network name is lower-case letters, digits and '-', starting with a letter")
     try:
         net = ipaddress.IPv4Network(spec.cidr.strip(), strict=True)
@@ -66,6 +72,13 @@ def create_network(session: Session, spec: NetworkSpec) -> Network:
     for what, text in fixed.items():
         if text is not None and _address(text, what) not in net:
             raise InvalidInput(f"{what} {text} is outside {net}")
+    if spec.domain is not None and not _DOMAIN.fullmatch(spec.domain):
+        raise InvalidInput(f"domain must be a DNS name such as cluster.local, not {spec.domain!r}")
+    if spec.boot_file is not None and (len(spec.boot_file) > 256 or not _BOOT_FILE.fullmatch(spec.boot_file)):
+        raise InvalidInput(
+            "boot file must be a path under the TFTP root such as gpufleet.ipxe or pxe/undionly.kpxe, "
+            f"not {spec.boot_file!r}"
+        )
     if session.scalar(select(Network.id).where(Network.name == spec.name)) is not None:
         raise Conflict(f"network {spec.name} exists")
     network = Network(
@@ -151,7 +164,7 @@ def networks_of(session: Session, node_id: int) -> list[Network]:
 
 def normalize_mac(text: str) -> str:
     value = text.strip().lower()
-    if not _MAC.match(value):
+    if not _MAC.fullmatch(value):
         raise InvalidInput(f"not a MAC address: {text!r} (e.g. 52:54:00:aa:bb:01)")
     digits = re.sub(r"[:-]", "", value)
     return ":".join(digits[i : i + 2] for i in range(0, 12, 2))
@@ -191,6 +204,23 @@ def hosts(session: Session, network: Network, names: Iterable[str] | None = None
     if names is not None:
         query = query.where(Node.name.in_(list(names)))
     return [HostEntry(node, address, mac, iface) for node, address, mac, iface, _ in session.execute(query)]
+
+
+def boot_addresses(session: Session, node_ids: Iterable[int] | None = None) -> dict[int, str]:
+    """Each node's boot address by node id: where provisioning (image sync, Ansible) reaches it. Its
+    address on a network that boots nodes (one with a boot server or boot file) first, then on an
+    interface named "boot", then on its first network by name."""
+    query = select(
+        Interface.node_id, Interface.name, Interface.address, Network.name, Network.boot_server, Network.boot_file
+    ).join(Network, Network.id == Interface.network_id)
+    if node_ids is not None:
+        query = query.where(Interface.node_id.in_(list(node_ids)))
+    rows = session.execute(query).all()
+    ranked = sorted(rows, key=lambda r: (not (r[4] or r[5]), r[1] != "boot", r[3]))
+    out: dict[int, str] = {}
+    for node_id, _, address, *_rest in ranked:
+        out.setdefault(node_id, address)
+    return out
 
 
 def boot_plan(session: Session) -> list[tuple[Network, list[HostEntry]]]:

@@ -30,8 +30,12 @@ _KILL_GRACE_S = 5.0
 
 class CommandFailed(GpufleetError):
     """A program exited non-zero, ran past its timeout or could not be started. Its message names
-    the program, the exit status and the last lines it wrote to stderr."""
+    the program, the exit status and the last lines it wrote to stderr.
 
+    In a request (a drift report) this is 502, not 500: the head worked, the program or the node it
+    reached (an rsync to a node that is down) did not."""
+
+    http_status = 502
     exit_code = 1
 
 

@@ -37,10 +37,9 @@ from gpufleet.core.db import transaction
 from gpufleet.core.errors import Conflict, InvalidInput
 from gpufleet.inventory import categories
 from gpufleet.inventory.models import Node
-from gpufleet.provisioning import images
+from gpufleet.provisioning import images, networks
 from gpufleet.provisioning.image_models import Image
 from gpufleet.provisioning.images import ImageConfig
-from gpufleet.provisioning.models import Interface
 from gpufleet.provisioning.runner import Runner, Step
 from gpufleet.tasks.runner import TargetResult, TaskContext
 
@@ -67,6 +66,7 @@ BUILT_IN_EXCLUDES: tuple[str, ...] = (
     "/etc/ssh/ssh_host_*",
 )
 MAX_LISTED = 500  # changes kept per node in a task's result; the counts are always complete
+DRIFT_TIMEOUT_S = 120.0  # a drift report runs in the request: never as long as a sync may
 _ITEM = re.compile(r"^(\*deleting|[<>ch.][fdLDS][^ ]{9}) +(.*)$")
 _STAT = re.compile(
     r"^(Number of [a-z ]*files(?: transferred)?|Total [a-z ]+size|Literal data|Total bytes sent): ([\d,]+)"
@@ -81,6 +81,7 @@ _FIELD = re.compile(r"{([^}]*)}")
 class SyncConfig:
     excludes: tuple[str, ...] = ()
     timeout_s: float = 3600.0
+    drift_timeout_s: float = DRIFT_TIMEOUT_S  # capped by timeout_s too
     limit: int = 8
     ssh_key: Path | None = None
     ssh_port: int = 22
@@ -94,6 +95,7 @@ class SyncConfig:
         return cls(
             excludes=tuple(settings.image_sync_excludes),
             timeout_s=settings.image_sync_timeout_s,
+            drift_timeout_s=settings.image_drift_timeout_s,
             limit=settings.image_sync_limit,
             ssh_key=settings.image_sync_ssh_key,
             ssh_port=settings.image_sync_ssh_port,
@@ -146,13 +148,25 @@ def parse_target(text: str) -> Target:
     return Target(text if text.endswith("/") else text + "/", kind)
 
 
-def check_local(target: Target, protected: Sequence[Path]) -> None:
-    """Refuse a local target that is the head's own root, holds a protected directory (the head's
-    state, the images: an rsync --delete there would wipe them) or lies inside the images (the
-    first protected directory). Raises InvalidInput."""
+def check_local(target: Target, protected: Sequence[Path], local_root: Path | None) -> None:
+    """Refuse a local target unless it lies strictly under `local_root` (the image_sync_local_root
+    setting; None refuses every local target), links and '..' resolved: a sync is rsync --delete as
+    the head's user (root), so "/etc/" would wipe the head's own files. Also refuses a target that
+    is the head's own root, holds a protected directory (the head's state, the images) or lies inside
+    the images (the first protected directory), whatever the root says. Raises InvalidInput."""
     path = os.path.realpath(target.text)
     if path == "/":
         raise InvalidInput("a local sync target cannot be / (that is the head itself)")
+    if local_root is None:
+        raise InvalidInput(
+            f"sync target {target.text}: local directory targets are refused unless the head's "
+            "image_sync_local_root setting names a directory for them"
+        )
+    root = os.path.realpath(local_root)
+    if root == "/":
+        raise InvalidInput("image_sync_local_root cannot be / (every directory of the head would be a target)")
+    if path == root or os.path.commonpath([path, root]) != root:
+        raise InvalidInput(f"sync target {target.text} is not inside {local_root} (image_sync_local_root)")
     for i, guarded in enumerate(protected):
         real = os.path.realpath(guarded)
         common = os.path.commonpath([path, real])
@@ -347,10 +361,11 @@ def drift(
     target: Target,
     exclude_file: Path | None = None,
 ) -> Drift:
-    """Compare a target with its image by content (`rsync -n --checksum`); writes nothing. Raises
+    """Compare a target with its image by content (`rsync -n --checksum`); writes nothing. It runs
+    in a request, so its timeout is the drift one (`drift_timeout_s`, at most `timeout_s`). Raises
     CommandFailed with rsync's last words."""
     argv = rsync_argv(source, target, config, mode="drift", exclude_file=exclude_file)
-    done = runner.run(Step(argv, config.timeout_s))
+    done = runner.run(Step(argv, min(config.timeout_s, config.drift_timeout_s)))
     report = Drift(node, image, revision, target.text)
     for change in parse_changes(done.stdout.splitlines()):
         if change.kind == "delete":
@@ -374,20 +389,6 @@ class NodePlan:
     target: str
 
 
-def boot_addresses(session: Session, node_ids: Sequence[int]) -> dict[int, str]:
-    """Each node's boot address: its interface named "boot", else its first one."""
-    out: dict[int, str] = {}
-    rows = session.execute(
-        select(Interface.node_id, Interface.name, Interface.address)
-        .where(Interface.node_id.in_(list(node_ids)))
-        .order_by(Interface.node_id, Interface.id)
-    )
-    for node_id, name, address in rows:
-        if node_id not in out or name == "boot":
-            out[node_id] = address
-    return out
-
-
 def plan(
     session: Session,
     nodes: Sequence[Node],
@@ -395,17 +396,18 @@ def plan(
     image: str | None = None,
     target: str | None = None,
     protected: Sequence[Path] = (),
+    local_root: Path | None = None,
 ) -> list[NodePlan]:
     """Which image each node gets and where it is written, checked all at once so a bad request
-    changes nothing. `image` and `target` override the nodes' settings. A local target may not be
-    the head's root, nor hold a `protected` directory, nor lie in the first (the images: see
-    `check_local`).
+    changes nothing. `image` and `target` override the nodes' settings. A local target must lie
+    under `local_root` and may not be the head's root, nor hold a `protected` directory, nor lie in
+    the first (the images: see `check_local`).
     Raises InvalidInput (a node without an image, a bad target, two nodes writing one target),
     NotFound (an image) or Conflict (an image being created or changed)."""
     if not nodes:
         raise InvalidInput("name the nodes to sync (a hostlist or a category with nodes)")
     settings = categories.resolve_many(session, nodes)
-    addresses = boot_addresses(session, [n.id for n in nodes])
+    addresses = networks.boot_addresses(session, [n.id for n in nodes])
     out: list[NodePlan] = []
     without: list[str] = []
     for node in nodes:
@@ -417,7 +419,7 @@ def plan(
         template = target or values["sync_target"].value
         rendered = render_target(template, node=node.name, address=addresses.get(node.id))
         if rendered.kind == "local":
-            check_local(rendered, protected)
+            check_local(rendered, protected, local_root)
         out.append(NodePlan(node.name, name, rendered.text))
     if without:
         shown = ", ".join(without[:10]) + (f" and {len(without) - 10} more" if len(without) > 10 else "")

@@ -27,6 +27,7 @@ from gpufleet.tasks.service import FAILED, OK, SKIPPED
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 5.0
 STALE_AFTER_S = 60.0  # a dozen missed heartbeats: the head running the task is gone
+JANITOR_S = 30.0  # how often a head looks for tasks whose head stopped beating
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class TaskRunner:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._beater: threading.Thread | None = None
+        self._janitor: threading.Thread | None = None
 
     def start(self, task_id: int, work: Work, params: dict[str, Any] | None = None) -> None:
         """Run `work` for a task the caller created and committed."""
@@ -118,7 +120,12 @@ class TaskRunner:
         with self._lock:
             self._threads[task_id] = thread
             self._ensure_beater()
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had (a process at its limit): the caller fails the task
+            with self._lock:
+                self._threads.pop(task_id, None)
+            raise
 
     def _run(self, ctx: TaskContext, work: Work) -> None:
         error: str | None = None
@@ -143,7 +150,9 @@ class TaskRunner:
                 self._threads.pop(ctx.task_id, None)
 
     def _ensure_beater(self) -> None:
-        if self._beater is None or not self._beater.is_alive():
+        """Called holding the lock: the beater decides to stop under the same lock, so a task that
+        starts as the last one ends always finds a beater that will beat for it."""
+        if self._beater is None:
             self._beater = threading.Thread(target=self._beat, name="task-heartbeat", daemon=True)
             self._beater.start()
 
@@ -151,8 +160,9 @@ class TaskRunner:
         while not self._stop.wait(HEARTBEAT_S):
             with self._lock:
                 ids = list(self._threads)
-            if not ids:
-                return
+                if not ids:
+                    self._beater = None
+                    return
             try:
                 with transaction(self._sessions) as session:
                     service.heartbeat(session, self._clock, ids)
@@ -160,9 +170,27 @@ class TaskRunner:
                 log.warning("task heartbeat: %s", exc)
 
     def interrupt_stale(self) -> int:
-        """At start-up: tasks left unfinished by a head that stopped are marked interrupted."""
+        """Tasks left unfinished by a head that stopped beating are marked interrupted."""
         with transaction(self._sessions) as session:
             return service.interrupt_stale(session, self._clock, STALE_AFTER_S)
+
+    def watch(self, every_s: float = JANITOR_S) -> None:
+        """Look for a stopped head's tasks now and then every `every_s`, for as long as this head runs:
+        a head restarted within STALE_AFTER_S of its predecessor, or a replica whose peer died, finds
+        them on a later look rather than never."""
+        self._janitor = threading.Thread(target=self._sweep, args=(every_s,), name="task-janitor", daemon=True)
+        self._janitor.start()
+
+    def _sweep(self, every_s: float) -> None:
+        while True:
+            try:
+                found = self.interrupt_stale()
+                if found:
+                    log.warning("marked %d task(s) of a stopped head interrupted", found)
+            except GpufleetError as exc:
+                log.warning("looking for a stopped head's tasks: %s", exc)
+            if self._stop.wait(every_s):
+                return
 
     def running(self) -> list[int]:
         with self._lock:
@@ -179,8 +207,11 @@ class TaskRunner:
             raise TimeoutError(f"task {task_id} still running after {timeout_s} s")
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop beating; tasks still running after `timeout_s` are left for the next head to interrupt."""
+        """Stop beating and sweeping; tasks still running after `timeout_s` are left for another head to
+        interrupt."""
         self._stop.set()
+        if self._janitor is not None:
+            self._janitor.join(timeout_s)
         deadline = time.monotonic() + timeout_s
         for task_id in self.running():
             try:

@@ -53,7 +53,7 @@ def inventory(
 ) -> dict[str, Any]:
     """Every node as Ansible's dynamic inventory (`--list`), or one host's variables (`--host`)."""
     with tx(ctx, readonly=True) as db:
-        script = ansible.build_inventory(db)
+        script = ansible.build_inventory(db, allow_local=ctx.settings.ansible_local_connection)
     return script if host is None else ansible.host_of(script, host)
 
 
@@ -67,7 +67,7 @@ def _target(plan: ansible.RunPlan) -> str:
 def plan_run(body: RunIn, request: Request, _: Run, ctx: Ctx) -> PlanOut:
     """Check a run and say what it would do (the CLI's --dry-run); starts nothing."""
     with tx(ctx, readonly=True) as db:
-        plan = ansible.plan_run(db, body.request())
+        plan = ansible.plan_run(db, body.request(), allow_local=ctx.settings.ansible_local_connection)
     request.state.audit_target = f"dry run: {_target(plan)}"
     return PlanOut(playbook=plan.request.name, sha256=plan.digest, plays=plan.plays, hosts=plan.hosts, argv=plan.argv())
 
@@ -78,7 +78,7 @@ def start_run(body: RunIn, request: Request, who: Run, ctx: Ctx) -> TaskOut:
     Everything that can refuse it does so here, before the task is recorded."""
     ansible.playbook_program()  # 503 on a head without Ansible, before anything is recorded
     with tx(ctx) as db:
-        plan = ansible.plan_run(db, body.request())
+        plan = ansible.plan_run(db, body.request(), allow_local=ctx.settings.ansible_local_connection)
         task = ansible.create_run(db, ctx.clock, plan, created_by=who.actor)
         out = TaskOut.of(task)
     request.state.audit_target = f"task {out.id}: {_target(plan)}"

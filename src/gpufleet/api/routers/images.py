@@ -17,11 +17,12 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.api.context import HeadContext
-from gpufleet.api.deps import Ctx, allow, tx
+from gpufleet.api.deps import Ctx, PermissionCheck, allow, tx
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.core import hostlist
-from gpufleet.core.errors import InvalidInput
+from gpufleet.core.errors import InvalidInput, NotFound
+from gpufleet.inventory import categories
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
 from gpufleet.provisioning import images, sync
@@ -165,8 +166,21 @@ def _out(image: Image, revision: ImageRevision | None, used_by: list[str]) -> Im
     )
 
 
-def _start(ctx: HeadContext, task: TaskOut, work: Callable[[TaskContext], str | None]) -> TaskOut:
-    ctx.tasks.start(task.id, work, task.params)
+def _start(
+    ctx: HeadContext, task: TaskOut, work: Callable[[TaskContext], str | None], image: str | None = None
+) -> TaskOut:
+    """Start the task's thread. When it cannot start, undo what the request marked: the task is
+    failed (a queued sync or clone would hold its images for good) and `image`, marked `creating` or
+    `changing` for this task, is forgotten or ready again."""
+    try:
+        ctx.tasks.start(task.id, work, task.params)
+    except BaseException as exc:
+        if image is not None:
+            images.release(ctx.sessions, ctx.clock, image, task.id, str(exc) or type(exc).__name__)
+        else:
+            with tx(ctx) as db:
+                images.fail_unstarted(db, ctx.clock, task.id, str(exc) or type(exc).__name__)
+        raise
     return task
 
 
@@ -223,7 +237,9 @@ def _create(request: Request, ctx: HeadContext, who: Principal, name: str, sourc
             ctx.clock,
             kind=kind,
             targets=[name],
-            params={"image": name, "source": image.source},
+            # clone_of: the source is read while the task runs (images.readers)
+            params={"image": name, "source": image.source}
+            | ({"clone_of": source.clone_of} if source.clone_of is not None else {}),
             created_by=who.actor,
         )
         images.attach_task(db, image, task.id)
@@ -250,7 +266,7 @@ def _create(request: Request, ctx: HeadContext, who: Principal, name: str, sourc
         task_ctx.finished(name, True, summary)
         return summary
 
-    return _start(ctx, out, work)
+    return _start(ctx, out, work, image=name)
 
 
 @router.post("/images", status_code=202)
@@ -305,11 +321,7 @@ def install_packages(name: str, body: InstallIn, request: Request, who: Write, c
         task_ctx.finished(name, True, summary)
         return summary
 
-    try:
-        return _start(ctx, out, work)
-    except BaseException:
-        images.release(sessions, name)
-        raise
+    return _start(ctx, out, work, image=name)
 
 
 @router.delete("/images/{name}", status_code=204)
@@ -324,6 +336,8 @@ def remove_image(name: str, request: Request, _: Write, ctx: Ctx) -> Response:
 
 
 def _nodes(db: Any, nodes: str | None, category: str | None) -> list[Node]:
+    """The nodes of a hostlist or a category, as Ansible runs choose them: an unknown node or
+    category is NotFound (404), an empty one InvalidInput."""
     if (nodes is None) == (category is None):
         raise InvalidInput("name the nodes (a hostlist) or a category, not both")
     if nodes is not None:
@@ -331,13 +345,23 @@ def _nodes(db: Any, nodes: str | None, category: str | None) -> list[Node]:
         found = inventory.list_nodes(db, [nodes])
         missing = sorted(set(names) - {n.name for n in found})
         if missing:
-            raise InvalidInput(f"no such node: {hostlist.collect(missing)}")
+            raise NotFound(f"no such node: {hostlist.collect(missing)}")
         return found
-    return [n for n in inventory.list_nodes(db) if n.category == category]
+    categories.get_category(db, category or "")  # NotFound
+    members = categories.node_names(db, category or "")
+    if not members:
+        raise InvalidInput(f"category {category} has no nodes")
+    return inventory.list_nodes(db, members)
 
 
 def _protected(ctx: HeadContext) -> list[Path]:
     return [_config(ctx).images_dir, ctx.settings.data_dir]
+
+
+def _plan(db: Any, ctx: HeadContext, found: list[Node], image: str | None, target: str | None) -> list[sync.NodePlan]:
+    return sync.plan(
+        db, found, image=image, target=target, protected=_protected(ctx), local_root=ctx.settings.image_sync_local_root
+    )
 
 
 @router.post("/sync", status_code=202)
@@ -350,9 +374,8 @@ def sync_nodes(body: SyncIn, request: Request, who: Write, ctx: Ctx) -> TaskOut:
     limit = body.limit or config.limit
     with tx(ctx) as db:
         found = _nodes(db, body.nodes, body.category)
-        if not found:
-            raise InvalidInput(f"category {body.category} has no nodes")
-        plans = sync.plan(db, found, image=body.image, target=body.target, protected=_protected(ctx))
+        plans = _plan(db, ctx, found, body.image, body.target)
+        images.hold(db, [p.image for p in plans])  # none may change or go while the sync reads them
         task = tasks.create(
             db,
             ctx.clock,
@@ -392,15 +415,23 @@ def sync_nodes(body: SyncIn, request: Request, who: Write, ctx: Ctx) -> TaskOut:
 def node_drift(
     name: str,
     request: Request,
-    _: Read,
+    who: Read,
     ctx: Ctx,
-    image: Annotated[str | None, Query(max_length=63, description="default: the node's software_image")] = None,
-    target: Annotated[str | None, Query(max_length=512, description="default: the node's sync_target")] = None,
+    image: Annotated[
+        str | None, Query(max_length=63, description="default: the node's software_image; needs images:write")
+    ] = None,
+    target: Annotated[
+        str | None, Query(max_length=512, description="default: the node's sync_target; needs images:write")
+    ] = None,
 ) -> DriftOut:
     """Files on the node that differ from its image by content, are missing or extra, or differ in
-    mode or owner (rsync -n --checksum: it reads every file on both sides, so it takes a while)."""
+    mode or owner (rsync -n --checksum: it reads every file on both sides, so it takes a while; it
+    runs in the request, with the image_drift_timeout_s timeout). Naming another image or target
+    than the node's needs images:write: it has the head's rsync read any place it is told to."""
+    if image is not None or target is not None:
+        PermissionCheck(Permission.IMAGES_WRITE)(who)
     with tx(ctx, readonly=True) as db:
         node = inventory.get_node(db, name)
-        (node_plan,) = sync.plan(db, [node], image=image, target=target, protected=_protected(ctx))
+        (node_plan,) = _plan(db, ctx, [node], image, target)
     report = sync.node_drift(ctx.sessions, _runner(request), _config(ctx), sync.SyncConfig.of(ctx.settings), node_plan)
     return DriftOut(**vars(report), in_line=report.in_line)

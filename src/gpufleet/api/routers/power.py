@@ -46,7 +46,8 @@ def get_bmc(name: str, _: Read, ctx: Ctx) -> BmcOut:
 @router.put("/nodes/{name}/bmc")
 def set_bmc(name: str, body: BmcIn, request: Request, _: Write, ctx: Ctx) -> BmcOut:
     """Set or replace a node's BMC. The password is stored encrypted and never returned."""
-    request.state.audit_target = f"{name}: {body.protocol} {body.address[:200]}"
+    # Redacted: an address with credentials in it is refused, but its audit record must not keep them.
+    request.state.audit_target = f"{name}: {body.protocol} {power.redact_address(body.address)[:200]}"
     spec = power.BmcSpec(
         protocol=body.protocol,
         address=body.address,
