@@ -121,3 +121,13 @@ def client(sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path, ad
     app = create_app(settings, sessions, clock, run_loops=False)
     with TestClient(app, headers={"Authorization": f"Bearer {admin_token}"}) as test_client:
         yield test_client
+
+
+@pytest.fixture
+def heavy() -> Iterator[None]:
+    """One CPU-heavy test at a time across xdist workers (a 200-node join storm, a simulated job with a
+    straggler, a head driven by many CLI processes, a debootstrap, a real Ansible run, 32 BMCs powered
+    at once): on two cores, two of them together starve each other's heartbeats into false `down`
+    transitions that measure the machine, not gpufleet."""
+    with FileLock(str(Path("/tmp") / "gpufleet-test-heavy-e2e.lock")):
+        yield

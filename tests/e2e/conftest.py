@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-from filelock import FileLock
 
 GPUFLEET = [sys.executable, "-m", "gpufleet.entry"]
 ADMIN = "gfa_e2e-admin-token-0123456789"
@@ -208,12 +207,3 @@ def head(tmp_path: Path) -> Iterator[Head]:
     h = Head(tmp_path).start()
     yield h
     h.kill(signal.SIGTERM)
-
-
-@pytest.fixture
-def heavy() -> Iterator[None]:
-    """One CPU-heavy end-to-end test at a time across xdist workers (a 200-node join storm, a simulated
-    job with a straggler, a head driven by many CLI processes): on two cores, two of them together
-    starve each other's heartbeats into false `down` transitions that measure the machine, not gpufleet."""
-    with FileLock(str(Path("/tmp") / "gpufleet-test-heavy-e2e.lock")):
-        yield

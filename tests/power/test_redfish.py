@@ -113,7 +113,9 @@ def _follow(head: TestClient, task_id: int, timeout_s: float = 45) -> tuple[dict
 
 
 @pytest.mark.redfish
-def test_bulk_power_on_of_32_emulated_bmcs_with_progress_results_and_audit(head: TestClient, redfish_url: str) -> None:
+def test_bulk_power_on_of_32_emulated_bmcs_with_progress_results_and_audit(
+    heavy: None, head: TestClient, redfish_url: str
+) -> None:
     assert head.post("/api/v1/nodes", json={"names": ["gpu[01-32]", "spare[1-3]"]}).status_code == 201
     bmcs = {f"gpu{n:02d}": (redfish_url, system_id(n)) for n in range(1, 33)}
     bmcs |= {"spare1": (redfish_url, system_id(35)), "spare2": (redfish_url, system_id(36))}  # on at start

@@ -68,6 +68,7 @@ def db_url(tmp_path: Path) -> str:
 
 
 def test_a_playbook_runs_on_a_category_and_one_failing_host_fails_alone(
+    heavy: None,
     client: TestClient,
     sessions: sessionmaker[Session],
     clock: FakeClock,
@@ -173,7 +174,7 @@ def _sleeping(marker: str) -> list[int]:
 
 
 def test_a_run_past_its_time_limit_fails_its_hosts_and_leaves_no_process_behind(
-    sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path
+    heavy: None, sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path
 ) -> None:
     if not (Path(sys.executable).parent / "ansible-playbook").exists() and shutil.which("ansible-playbook") is None:
         need("ansible", "ansible-playbook is not installed (pip install -e '.[server]' installs ansible-core)")

@@ -66,7 +66,7 @@ def _finished(client: TestClient, answer: Any, timeout_s: float) -> dict[str, An
     return task
 
 
-def test_debootstrap_an_image_and_install_a_package_into_it(head: TestClient, tmp_path: Path) -> None:
+def test_debootstrap_an_image_and_install_a_package_into_it(heavy: None, head: TestClient, tmp_path: Path) -> None:
     _finished(head, head.post("/api/v1/images", json={"name": "bookworm", "debootstrap": "bookworm"}), 600)
     root = tmp_path / "images" / "bookworm"
     assert "bookworm" in (root / "etc" / "os-release").read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -109,56 +110,47 @@ def problems(
 
 
 def _problem(key: str, rows: list[tuple[FindingRecord, str]], advisories: dict[str, AdvisoryRecord]) -> ProblemReport:
-    lead = max(rows, key=lambda r: r[0].cvss_score or 0.0)[0]
-    advisory = advisories.get(lead.advisory_id)
-    packages: dict[tuple[str, str], PackageImpact] = {}
-    for finding, _ in rows:
-        impact = packages.setdefault(
-            (finding.ecosystem, finding.package), PackageImpact(finding.ecosystem, finding.package, [], finding.fixed)
-        )
-        if finding.installed not in impact.installed:
-            impact.installed.append(finding.installed)
-        impact.fixed = impact.fixed or finding.fixed
-    others = {a for f, _ in rows for a in json.loads(f.also)} | {f.advisory_id for f, _ in rows}
-    also = sorted(others - {lead.advisory_id})
-    return ProblemReport(
-        problem=key,
-        advisory=lead.advisory_id,
-        also=also,
-        aliases=json.loads(advisory.aliases) if advisory else [],
-        summary=advisory.summary if advisory else "",
-        severity=lead.severity,
-        cvss_score=lead.cvss_score,
-        cvss_vector=advisory.cvss_vector if advisory else None,
-        fix_available=all(p.fixed for p in packages.values()),
-        nodes=sorted({name for _, name in rows}),
-        packages=sorted(packages.values(), key=lambda p: (p.ecosystem, p.package)),
-        statuses=dict(Counter(f.status for f, _ in rows)),
-    )
+    found = [finding for finding, _ in rows]
+    also = {a for finding in found for a in json.loads(finding.also)}
+    statuses = dict(Counter(finding.status for finding in found))
+    return _report(key, found, advisories, also, sorted({name for _, name in rows}), statuses)
 
 
 def _image_problem(key: str, rows: list[ImageFinding], advisories: dict[str, AdvisoryRecord]) -> ProblemReport:
     """A problem found only in images: no node runs the affected package yet."""
-    lead = max(rows, key=lambda r: r.cvss_score or 0.0)
+    return _report(key, rows, advisories, set(), [], {})
+
+
+def _report(
+    key: str,
+    found: Sequence[FindingRecord | ImageFinding],
+    advisories: dict[str, AdvisoryRecord],
+    also: set[str],
+    nodes: list[str],
+    statuses: dict[str, int],
+) -> ProblemReport:
+    """One problem from what was found of it (on nodes or in images): the most severe advisory leads."""
+    lead = max(found, key=lambda f: f.cvss_score or 0.0)
     advisory = advisories.get(lead.advisory_id)
     packages: dict[tuple[str, str], PackageImpact] = {}
-    for row in rows:
-        impact = packages.setdefault((row.ecosystem, row.package), PackageImpact(row.ecosystem, row.package, [], None))
-        if row.installed not in impact.installed:
-            impact.installed.append(row.installed)
-        impact.fixed = impact.fixed or row.fixed
+    for f in found:
+        impact = packages.setdefault((f.ecosystem, f.package), PackageImpact(f.ecosystem, f.package, [], f.fixed))
+        if f.installed not in impact.installed:
+            impact.installed.append(f.installed)
+        impact.fixed = impact.fixed or f.fixed
     return ProblemReport(
         problem=key,
         advisory=lead.advisory_id,
-        also=sorted({r.advisory_id for r in rows} - {lead.advisory_id}),
+        also=sorted((also | {f.advisory_id for f in found}) - {lead.advisory_id}),
         aliases=json.loads(advisory.aliases) if advisory else [],
         summary=advisory.summary if advisory else "",
         severity=lead.severity,
         cvss_score=lead.cvss_score,
         cvss_vector=advisory.cvss_vector if advisory else None,
         fix_available=all(p.fixed for p in packages.values()),
-        nodes=[],
+        nodes=nodes,
         packages=sorted(packages.values(), key=lambda p: (p.ecosystem, p.package)),
+        statuses=statuses,
     )
 
 

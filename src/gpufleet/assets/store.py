@@ -66,32 +66,36 @@ def report_software(
 ) -> bool:
     """Record what a node runs now; True when it differs from what it ran before."""
     now = clock.now()
-    digest = _store_set(session, packages, now)
+    facts = _facts(session, packages, distro, now) | {"kernel": kernel}
     current = session.get(NodeSoftware, node_id)
-    facts = {
-        "digest": digest,
-        "distro_ecosystem": distro.ecosystem if distro else None,
-        "distro_release": distro.release if distro else None,
-        "kernel": kernel,
-    }
     if current is None:
         session.add(NodeSoftware(node_id=node_id, reported_at=now, changed_at=now, **facts))
         return True
     current.reported_at = now
-    if all(getattr(current, k) == v for k, v in facts.items()):
-        return False
-    for k, v in facts.items():
-        setattr(current, k, v)
-    current.changed_at = now
-    return True
+    return _changed(current, facts, now)
 
 
-def _store_set(session: Session, packages: list[Installed], now: float) -> str:
+def _facts(session: Session, packages: list[Installed], distro: Distro | None, now: float) -> dict[str, Any]:
+    """The set's digest (the set stored once per content) and the distribution, as columns."""
     digest, blob, count = encode_set(packages)
     if session.get(SoftwareSet, digest) is None:
         session.add(SoftwareSet(digest=digest, packages=blob, count=count, first_seen=now))
         session.flush()
-    return digest
+    return {
+        "digest": digest,
+        "distro_ecosystem": distro.ecosystem if distro else None,
+        "distro_release": distro.release if distro else None,
+    }
+
+
+def _changed(row: NodeSoftware | ImageSoftware, facts: dict[str, Any], now: float) -> bool:
+    """Apply `facts` to a node's or image's row; True (and `changed_at` moved) when any differed."""
+    if all(getattr(row, k) == v for k, v in facts.items()):
+        return False
+    for k, v in facts.items():
+        setattr(row, k, v)
+    row.changed_at = now
+    return True
 
 
 def report_image_software(
@@ -99,23 +103,13 @@ def report_image_software(
 ) -> bool:
     """Record what a software image holds at `revision`; True when its packages or distro changed."""
     now = clock.now()
-    digest = _store_set(session, packages, now)
-    facts = {
-        "digest": digest,
-        "distro_ecosystem": distro.ecosystem if distro else None,
-        "distro_release": distro.release if distro else None,
-    }
+    facts = _facts(session, packages, distro, now)
     current = session.get(ImageSoftware, image)
     if current is None:
         session.add(ImageSoftware(image=image, revision=revision, changed_at=now, **facts))
         return True
     current.revision = revision
-    if all(getattr(current, k) == v for k, v in facts.items()):
-        return False
-    for k, v in facts.items():
-        setattr(current, k, v)
-    current.changed_at = now
-    return True
+    return _changed(current, facts, now)
 
 
 def forget_image(session: Session, image: str) -> None:

@@ -82,15 +82,8 @@ def key_file(settings: Settings) -> Path:
 
 
 # BMCs: set, remove, read
-@dataclass(frozen=True)
-class BmcSpec:
-    protocol: str
-    address: str
-    username: str
-    password: str = field(repr=False)
-    port: int | None = None
-    system_id: str | None = None
-    verify_tls: bool = True
+# What a person gives for a BMC is what a client needs to reach it: one shape for both.
+BmcSpec = BmcTarget
 
 
 def redact_address(address: str) -> str:

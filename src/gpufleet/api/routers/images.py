@@ -247,26 +247,35 @@ def _create(request: Request, ctx: HeadContext, who: Principal, name: str, sourc
     request.state.audit_target = f"task {out.id}: image {name} from {out.params['source']}"[:400]
     sessions, clock = ctx.sessions, ctx.clock
 
+    def create(task_id: int) -> str:
+        return images.run_create(
+            sessions,
+            clock,
+            runner,
+            config,
+            name=name,
+            source=source,
+            clone_path=clone_path,
+            actor=who.actor,
+            task_id=task_id,
+        )
+
+    return _start(ctx, out, _one_image(name, create), image=name)
+
+
+def _one_image(name: str, run: Callable[[int], str]) -> Callable[[TaskContext], str]:
+    """A task's work on one image (its only target): `run(task_id)`, its summary the target's detail."""
+
     def work(task_ctx: TaskContext) -> str:
         try:
-            summary = images.run_create(
-                sessions,
-                clock,
-                runner,
-                config,
-                name=name,
-                source=source,
-                clone_path=clone_path,
-                actor=who.actor,
-                task_id=task_ctx.task_id,
-            )
+            summary = run(task_ctx.task_id)
         except Exception as exc:
             task_ctx.finished(name, False, str(exc))
             raise
         task_ctx.finished(name, True, summary)
         return summary
 
-    return _start(ctx, out, work, image=name)
+    return work
 
 
 @router.post("/images", status_code=202)
@@ -303,25 +312,12 @@ def install_packages(name: str, body: InstallIn, request: Request, who: Write, c
     request.state.audit_target = f"task {out.id}: image {name}: install {' '.join(packages)}"[:400]
     sessions, clock = ctx.sessions, ctx.clock
 
-    def work(task_ctx: TaskContext) -> str:
-        try:
-            summary = images.run_install(
-                sessions,
-                clock,
-                runner,
-                config,
-                name=name,
-                packages=packages,
-                actor=who.actor,
-                task_id=task_ctx.task_id,
-            )
-        except Exception as exc:
-            task_ctx.finished(name, False, str(exc))
-            raise
-        task_ctx.finished(name, True, summary)
-        return summary
+    def install(task_id: int) -> str:
+        return images.run_install(
+            sessions, clock, runner, config, name=name, packages=packages, actor=who.actor, task_id=task_id
+        )
 
-    return _start(ctx, out, work, image=name)
+    return _start(ctx, out, _one_image(name, install), image=name)
 
 
 @router.delete("/images/{name}", status_code=204)
