@@ -98,8 +98,10 @@ def slurm_cluster() -> SlurmCluster:
 
 
 @pytest.fixture
-def slurm_lock() -> Iterator[None]:
-    """Tests that change the one Slurm node's state hold this, so xdist workers take turns."""
+def slurm_lock(heavy: None) -> Iterator[None]:
+    """Tests that change the one Slurm node's state hold this, so xdist workers take turns. They take the
+    heavy lock first: a debootstrap or a 200-node join storm beside them left slurmctld too slow to answer
+    within the commands' 30 s, and the storm's heartbeats starved in turn."""
     with FileLock(str(Path("/tmp") / "gpufleet-test-slurm-node.lock")):
         yield
 
