@@ -82,12 +82,15 @@ def start_cluster(what: str, lock: Path, env: dict[str, str] | None = None) -> S
     return SlurmCluster(_read_env(Path(result.stdout.strip().splitlines()[-1])))
 
 
-def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Poll `check` every 0.1 s; fail the test naming `what` after `timeout_s`."""
+def wait_until(
+    what: str, check: Callable[[], bool], timeout_s: float = 30.0, describe: Callable[[], str] | None = None
+) -> None:
+    """Poll `check` every 0.1 s; fail the test naming `what` (and what `describe` says) after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+            detail = f" ({describe()})" if describe is not None else ""
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}{detail}")
         time.sleep(0.1)
 
 

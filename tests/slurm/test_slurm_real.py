@@ -54,7 +54,18 @@ def free_node(
     def undrain() -> None:
         if sinfo_state(commands, name).rstrip("*") in {"drained", "draining", "down"}:
             commands.run(["scontrol", "update", f"nodename={name}", "state=resume"])
-        wait_until("the node to be idle", lambda: sinfo_state(commands, name) == "idle")
+        seen: list[str] = []  # every state it passed through, for the failure message
+
+        def idle() -> bool:
+            state = sinfo_state(commands, name)
+            if not seen or seen[-1] != state:
+                seen.append(state)
+            return state == "idle"
+
+        wait_until("the node to be idle", idle, describe=lambda: f"states seen: {' -> '.join(seen)}; {_queue()}")
+
+    def _queue() -> str:
+        return "squeue: " + " | ".join(commands.run(["squeue", "-h", "-o", "%i %u %T %r"]).split("\n"))
 
     undrain()
     yield name
