@@ -131,3 +131,24 @@ def heavy() -> Iterator[None]:
     transitions that measure the machine, not gpufleet."""
     with FileLock(str(Path("/tmp") / "gpufleet-test-heavy-e2e.lock")):
         yield
+
+
+def cli_through(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the CLI at the test app: its real HeadClient, each request answered by `client`."""
+    import httpx
+
+    from gpufleet.cli.state import CliState
+    from gpufleet.client import HeadClient
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        answer = client.request(
+            request.method,
+            request.url.path,
+            params=request.url.params,
+            content=request.content,
+            headers={"content-type": request.headers.get("content-type", "application/json")},
+        )
+        return httpx.Response(answer.status_code, content=answer.content, headers=answer.headers)
+
+    head = HeadClient("http://head", "t", transport=httpx.MockTransport(forward))
+    monkeypatch.setattr(CliState, "client", lambda _self, *_a, **_k: head)

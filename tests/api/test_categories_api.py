@@ -8,16 +8,15 @@ import json
 import re
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app as cli_app
 from gpufleet.cli.state import CliState
-from gpufleet.client import HeadClient
 from gpufleet.core.errors import Conflict, InvalidInput
 from tests.api.dashboard_helpers import logged_in, up_node
+from tests.conftest import cli_through
 
 
 @pytest.fixture
@@ -110,18 +109,7 @@ def test_the_slurm_partition_the_categories_page_and_the_node_pages_settings(cli
 
 
 def test_the_cli_sets_and_shows_settings_with_their_origin(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    def forward(request: httpx.Request) -> httpx.Response:
-        answer = client.request(
-            request.method,
-            request.url.path,
-            params=request.url.params,
-            content=request.content,
-            headers={"content-type": request.headers.get("content-type", "application/json")},
-        )
-        return httpx.Response(answer.status_code, content=answer.content, headers=answer.headers)
-
-    head = HeadClient("http://head", "t", transport=httpx.MockTransport(forward))
-    monkeypatch.setattr(CliState, "client", lambda _self, *a, **k: head)
+    cli_through(client, monkeypatch)
 
     def cli(*args: str) -> str:
         result = CliRunner().invoke(cli_app, list(args), obj=CliState(), catch_exceptions=False)

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import delete, text
@@ -20,7 +19,6 @@ from gpufleet.auth.policy import Role
 from gpufleet.cli import tasks as cli_tasks
 from gpufleet.cli.app import app as cli_app
 from gpufleet.cli.state import CliState
-from gpufleet.client import HeadClient
 from gpufleet.core.clock import to_datetime
 from gpufleet.core.db import make_engine, make_session_factory, transaction
 from gpufleet.core.errors import GpufleetError
@@ -28,6 +26,7 @@ from gpufleet.inventory import service as inventory
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.migrations import upgrade
 from tests.api.dashboard_helpers import logged_in
+from tests.conftest import cli_through
 from tests.power.conftest import FakeFleet, make_head
 
 SECRET = "Sup3r-secret-BMC-pw"
@@ -208,18 +207,7 @@ def test_bulk_power_is_a_task_with_per_node_results_and_one_audit_record_and_job
 def test_the_cli_follows_a_power_task_and_never_takes_a_password_argument(
     faked: TestClient, fleet: FakeFleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def forward(request: httpx.Request) -> httpx.Response:
-        answer = faked.request(
-            request.method,
-            request.url.path,
-            params=request.url.params,
-            content=request.content,
-            headers={"content-type": request.headers.get("content-type", "application/json")},
-        )
-        return httpx.Response(answer.status_code, content=answer.content, headers=answer.headers)
-
-    head = HeadClient("http://head", "t", transport=httpx.MockTransport(forward))
-    monkeypatch.setattr(CliState, "client", lambda _self, *a, **k: head)
+    cli_through(faked, monkeypatch)
     monkeypatch.setattr(cli_tasks, "POLL_S", 0.02)
     runner = CliRunner()
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -20,7 +19,6 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.app import app as cli_app
 from gpufleet.cli.state import CliState
-from gpufleet.client import HeadClient
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import InvalidInput, NotFound
@@ -30,6 +28,7 @@ from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.inventory.states import NodeState
 from gpufleet.provisioning import ansible, networks
 from gpufleet.provisioning.networks import NetworkSpec
+from tests.conftest import cli_through
 
 PLAYBOOK = "- hosts: all\n  gather_facts: false\n  tasks:\n    - ansible.builtin.ping:\n"
 
@@ -233,23 +232,6 @@ def test_a_run_that_stops_early_or_times_out_fails_the_hosts_it_did_not_finish()
     assert summary.endswith("(timed out)")
 
 
-def _forwarding_cli(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CLI's real HeadClient, its requests answered by the test app."""
-
-    def forward(request: httpx.Request) -> httpx.Response:
-        answer = client.request(
-            request.method,
-            request.url.path,
-            params=request.url.params,
-            content=request.content,
-            headers={"content-type": request.headers.get("content-type", "application/json")},
-        )
-        return httpx.Response(answer.status_code, content=answer.content, headers=answer.headers)
-
-    head = HeadClient("http://head", "t", transport=httpx.MockTransport(forward))
-    monkeypatch.setattr(CliState, "client", lambda _self: head)
-
-
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the refusals themselves run on both above
 def test_bad_requests_change_nothing_and_are_audited(
     client: TestClient,
@@ -295,7 +277,7 @@ def test_the_cli_prints_the_inventory_for_ansible_and_a_dry_run_starts_nothing(
     tmp_path: Path,
 ) -> None:
     _cluster(sessions, clock)
-    _forwarding_cli(client, monkeypatch)
+    cli_through(client, monkeypatch)
     listed = CliRunner().invoke(cli_app, ["ansible", "inventory", "--list"], obj=CliState())
     assert listed.exit_code == 0, listed.output
     script = json.loads(listed.stdout)

@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -22,7 +21,6 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.app import app as cli_app
 from gpufleet.cli.state import CliState
-from gpufleet.client import HeadClient
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.db import transaction
 from gpufleet.inventory import categories
@@ -31,7 +29,7 @@ from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.provisioning import ansible
 from gpufleet.tasks import service as tasks
 from gpufleet.tasks.runner import TaskRunner
-from tests.conftest import need
+from tests.conftest import cli_through, need
 
 pytestmark = pytest.mark.ansible
 
@@ -91,18 +89,7 @@ def test_a_playbook_runs_on_a_category_and_one_failing_host_fails_alone(
     playbook = tmp_path / "site.yml"
     playbook.write_text(PLAYBOOK)
 
-    def forward(request: httpx.Request) -> httpx.Response:
-        answer = client.request(
-            request.method,
-            request.url.path,
-            params=request.url.params,
-            content=request.content,
-            headers={"content-type": "application/json"},
-        )
-        return httpx.Response(answer.status_code, content=answer.content, headers=answer.headers)
-
-    head = HeadClient("http://head", "t", transport=httpx.MockTransport(forward))
-    monkeypatch.setattr(CliState, "client", lambda _self: head)
+    cli_through(client, monkeypatch)
     result = CliRunner().invoke(
         cli_app,
         ["ansible", "run", str(playbook), "--category", "hgx", "-e", f"out={out}", "-o", "json"],

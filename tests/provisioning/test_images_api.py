@@ -7,14 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner, Result
 
 from gpufleet.cli.app import app as cli_app
 from gpufleet.cli.state import CliState
-from gpufleet.client import HeadClient
 from gpufleet.core.clock import to_datetime
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import InvalidInput
@@ -25,6 +23,7 @@ from gpufleet.provisioning import images
 from gpufleet.provisioning.image_models import Image
 from gpufleet.provisioning.runner import CommandFailed, Completed, ProcessRunner, Step
 from tests.api.dashboard_helpers import logged_in
+from tests.conftest import cli_through
 from tests.provisioning.images_helpers import make_tree, tarball
 
 
@@ -244,23 +243,6 @@ def test_a_task_that_cannot_start_leaves_nothing_marked(
         assert images.readers(s, "old") == []  # the failed sync and clone hold it no longer
 
 
-def _forwarding_cli(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CLI's real HeadClient, its requests answered by the test app."""
-
-    def forward(request: httpx.Request) -> httpx.Response:
-        answer = client.request(
-            request.method,
-            request.url.path,
-            params=request.url.params,
-            content=request.content,
-            headers={"content-type": request.headers.get("content-type", "application/json")},
-        )
-        return httpx.Response(answer.status_code, content=answer.content, headers=answer.headers)
-
-    head = HeadClient("http://head", "t", transport=httpx.MockTransport(forward))
-    monkeypatch.setattr(CliState, "client", lambda _self: head)
-
-
 def cli(*args: str) -> Result:
     return CliRunner().invoke(cli_app, list(args), obj=CliState())
 
@@ -268,7 +250,7 @@ def cli(*args: str) -> Result:
 @pytest.mark.rsync
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the CLI over the API: one backend is enough
 def test_the_image_commands(client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _forwarding_cli(client, monkeypatch)
+    cli_through(client, monkeypatch)
     tar = tarball(make_tree(tmp_path / "tree"), tmp_path / "base.tar")
     dry = cli("image", "create", "base", "--tarball", str(tar), "--dry-run")
     assert dry.exit_code == 0, dry.output

@@ -7,7 +7,6 @@ import json
 import threading
 import time
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -15,12 +14,12 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.app import app as cli_app
 from gpufleet.cli.state import CliState
-from gpufleet.client import HeadClient
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import InvalidInput, NotFound
 from gpufleet.tasks import service
 from gpufleet.tasks.runner import TargetResult, TaskContext, TaskRunner
+from tests.conftest import cli_through
 
 
 def _task(sessions: sessionmaker[Session], clock: FakeClock, targets: list[str], kind: str = "test.run") -> int:
@@ -194,12 +193,7 @@ def test_the_api_lists_and_shows_tasks_and_the_cli_follows_one(
 
     # The CLI's real HeadClient, its requests answered by the same app: `task wait` prints the
     # per-node results and exits 1 for a failed task.
-    def forward(request: httpx.Request) -> httpx.Response:
-        answer = client.request(request.method, request.url.path, params=request.url.params)
-        return httpx.Response(answer.status_code, content=answer.content, headers=answer.headers)
-
-    head = HeadClient("http://head", "t", transport=httpx.MockTransport(forward))
-    monkeypatch.setattr(CliState, "client", lambda _self: head)
+    cli_through(client, monkeypatch)
     result = CliRunner().invoke(cli_app, ["task", "wait", str(power), "-o", "json"], obj=CliState())
     assert result.exit_code == 1, result.output
     assert json.loads(result.stdout)["targets"][1]["detail"] == "node002: On"

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
 
 from gpufleet.api.context import HeadContext
 from gpufleet.api.deps import Ctx, PermissionCheck, allow, tx
@@ -232,18 +233,9 @@ def _create(request: Request, ctx: HeadContext, who: Principal, name: str, sourc
     runner = _runner(request)
     with tx(ctx) as db:
         image, clone_path = images.begin_create(db, ctx.clock, config, name, source, who.actor)
-        task = tasks.create(
-            db,
-            ctx.clock,
-            kind=kind,
-            targets=[name],
-            # clone_of: the source is read while the task runs (images.readers)
-            params={"image": name, "source": image.source}
-            | ({"clone_of": source.clone_of} if source.clone_of is not None else {}),
-            created_by=who.actor,
-        )
-        images.attach_task(db, image, task.id)
-        out = TaskOut.of(task)
+        # clone_of: the source is read while the task runs (images.readers)
+        clone_of = {"clone_of": source.clone_of} if source.clone_of is not None else {}
+        out = _image_task(db, ctx, who, image, kind, {"image": name, "source": image.source} | clone_of)
     request.state.audit_target = f"task {out.id}: image {name} from {out.params['source']}"[:400]
     sessions, clock = ctx.sessions, ctx.clock
 
@@ -261,6 +253,15 @@ def _create(request: Request, ctx: HeadContext, who: Principal, name: str, sourc
         )
 
     return _start(ctx, out, _one_image(name, create), image=name)
+
+
+def _image_task(
+    db: Session, ctx: HeadContext, who: Principal, image: Image, kind: str, params: dict[str, Any]
+) -> TaskOut:
+    """The task of a change to one image (its only target), attached to the image it holds."""
+    task = tasks.create(db, ctx.clock, kind=kind, targets=[image.name], params=params, created_by=who.actor)
+    images.attach_task(db, image, task.id)
+    return TaskOut.of(task)
 
 
 def _one_image(name: str, run: Callable[[int], str]) -> Callable[[TaskContext], str]:
@@ -299,16 +300,7 @@ def install_packages(name: str, body: InstallIn, request: Request, who: Write, c
     packages = images.check_packages(body.packages)
     with tx(ctx) as db:
         image = images.begin_change(db, name)
-        task = tasks.create(
-            db,
-            ctx.clock,
-            kind="image.install",
-            targets=[name],
-            params={"image": name, "packages": packages},
-            created_by=who.actor,
-        )
-        images.attach_task(db, image, task.id)
-        out = TaskOut.of(task)
+        out = _image_task(db, ctx, who, image, "image.install", {"image": name, "packages": packages})
     request.state.audit_target = f"task {out.id}: image {name}: install {' '.join(packages)}"[:400]
     sessions, clock = ctx.sessions, ctx.clock
 
