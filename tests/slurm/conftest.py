@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from gpufleet.jobs.slurm.commands import SlurmCommands
 from tests.conftest import ROOT, need
 
 SLURM_LOCK = Path("/tmp") / "gpufleet-test-slurm.lock"
@@ -80,6 +81,19 @@ def start_cluster(what: str, lock: Path, env: dict[str, str] | None = None) -> S
         lines = (result.stderr or result.stdout).strip().splitlines()
         need(what, lines[-1] if lines else f"slurm.sh start exited {result.returncode}")
     return SlurmCluster(_read_env(Path(result.stdout.strip().splitlines()[-1])))
+
+
+def sinfo_node(commands: SlurmCommands, node: str, fields: str = "%T") -> str:
+    """sinfo's `fields` for one node ("idle", "drained|gpufleet: ecc"...), read from the whole-cluster answer.
+
+    Never `sinfo -n NODE`: that asks slurmctld for one node (REQUEST_NODE_INFO_SINGLE), which skips
+    refreshing each node's allocated CPUs, so after a job ends it can say "mixed" for as long as nobody asks
+    for every node. In CI that was minutes, and the tests waiting for "idle" timed out."""
+    for line in commands.run(["sinfo", "-h", "-N", "-o", f"%N|{fields}"]).splitlines():
+        name, _, rest = line.strip().partition("|")
+        if name == node:
+            return rest  # one line per partition the node is in; the node is in one here
+    return ""
 
 
 def wait_until(

@@ -17,7 +17,7 @@ import pytest
 
 from gpufleet.jobs.slurm.commands import SlurmCommands
 from tests.e2e.conftest import Head, cli_json, run_cli, start_sim, stop, wait_for
-from tests.slurm.conftest import SlurmCluster
+from tests.slurm.conftest import SlurmCluster, sinfo_node
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 FAST = {"GPUFLEET_METRICS_INTERVAL_S": "0.5", "GPUFLEET_RESUME_AFTER_HEALTHY_SAMPLES": "3"}
@@ -50,7 +50,7 @@ def slurm_head(tmp_path: Path, slurm_cluster: SlurmCluster, slurm_lock: None) ->
 
 def _state(commands: SlurmCommands, node: str) -> str:
     """sinfo's state word and the reason: "idle|none", "drained|gpufleet: GPU 1: ..."."""
-    return commands.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"]).strip()
+    return sinfo_node(commands, node, "%T|%E")
 
 
 def _node(head: Head, name: str) -> dict[str, Any]:

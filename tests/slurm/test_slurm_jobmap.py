@@ -15,7 +15,7 @@ from gpufleet.agent.slurm.mapping import SlurmJobMap, parse_job_file
 from gpufleet.core.errors import InvalidInput
 from gpufleet.jobs.slurm.commands import SlurmCommands
 from gpufleet.protocol.metrics import GpuJob
-from tests.slurm.conftest import SlurmCluster, wait_until
+from tests.slurm.conftest import SlurmCluster, sinfo_node, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -47,7 +47,7 @@ def test_a_jobs_gpus_are_mapped_while_it_runs_and_forgotten_after(
     reader = SlurmJobMap(jobmap)
     wait_until(
         "the node to be idle",
-        lambda: commands.run(["sinfo", "-h", "-N", "-n", slurm_cluster.node, "-o", "%T"]).strip() == "idle",
+        lambda: sinfo_node(commands, slurm_cluster.node) == "idle",
     )
     submitted = commands.run(
         ["sbatch", "--parsable", "--gres=gpu:2", "--account=vision", "-o", "/dev/null", "--wrap", "sleep 6"]
@@ -70,7 +70,7 @@ def test_a_jobs_gpus_are_mapped_while_it_runs_and_forgotten_after(
         assert not (jobmap / "jobs" / job).exists()
         assert all(j.job != job for j in reader.collect().gpu_jobs)
         # The prolog and epilog never failed: a failing one would have drained the node.
-        state = commands.run(["sinfo", "-h", "-N", "-n", slurm_cluster.node, "-o", "%T"]).strip()
+        state = sinfo_node(commands, slurm_cluster.node)
         assert state in {"idle", "mixed", "allocated", "completing"}, state
     finally:
         with contextlib.suppress(InvalidInput):  # a job that ended: nothing to cancel

@@ -25,7 +25,7 @@ from gpufleet.jobs.slurm.sync import SlurmSync, SyncResult
 from gpufleet.protocol.inventory import GpuInfo, NodeInventory
 from gpufleet.protocol.jobs import DEFAULT_PATH
 from tests.jobs.helpers import ADMIN, LIMITS, users
-from tests.slurm.conftest import SlurmCluster, wait_until
+from tests.slurm.conftest import SlurmCluster, sinfo_node, wait_until
 
 pytestmark = pytest.mark.slurm
 SHOW = '"gpus=$CUDA_VISIBLE_DEVICES greeting=$GREETING user=$(id -un) path=$PATH"'
@@ -73,7 +73,7 @@ def sync(
 
 
 def _undrain(commands: SlurmCommands, node: str) -> None:
-    state = commands.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"]).strip()
+    state = sinfo_node(commands, node)
     if "drain" in state or state.startswith("down"):
         commands.run(["scontrol", "update", f"nodename={node}", "state=resume"])
 

@@ -17,7 +17,7 @@ from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.jobs.slurm.commands import SlurmCommands
 from gpufleet.jobs.slurm.manager import ForeignDrain, SlurmWorkloadManager
 from gpufleet.jobs.slurm.nodes import SINFO_TEXT, SlurmNode, parse_sinfo_text
-from tests.slurm.conftest import SlurmCluster, wait_until
+from tests.slurm.conftest import SlurmCluster, sinfo_node, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -34,7 +34,7 @@ def manager(commands: SlurmCommands, clock: FakeClock) -> SlurmWorkloadManager:
 
 def sinfo_state(commands: SlurmCommands, node: str) -> str:
     """sinfo's own long state word for the node: idle, drained, draining, idle*..."""
-    return commands.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"]).strip()
+    return sinfo_node(commands, node)
 
 
 @pytest.fixture
@@ -65,7 +65,9 @@ def free_node(
         wait_until("the node to be idle", idle, describe=lambda: f"states seen: {' -> '.join(seen)}; {_queue()}")
 
     def _queue() -> str:
-        return "squeue: " + " | ".join(commands.run(["squeue", "-h", "-o", "%i %u %T %r"]).split("\n"))
+        queue = commands.run(["squeue", "-h", "--states=all", "-o", "%i %u %T %r %N"]).strip().split("\n")
+        node = commands.run(["scontrol", "-o", "show", "node", name]).strip()
+        return f"squeue: {' | '.join(queue)}; node: {node}"
 
     undrain()
     yield name
@@ -91,7 +93,7 @@ def test_gpufleet_drain_shows_in_sinfo_and_resume_clears_it(
     assert sinfo_state(commands, free_node) == "drained"
     seen: SlurmNode = manager.node_state(free_node)
     assert (seen.flags, seen.reason, seen.own_drain) == (frozenset({"DRAIN"}), reason, True)
-    assert commands.run(["sinfo", "-h", "-N", "-n", free_node, "-o", "%E"]).strip() == reason
+    assert sinfo_node(commands, free_node, "%E") == reason
     with transaction(sessions) as s:
         assert inventory.get_node(s, free_node).drain_reason == reason
         manager.resume(s, inventory.get_node(s, free_node), "gpufleet")
