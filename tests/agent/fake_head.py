@@ -28,7 +28,8 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class FakeHead:
-    def __init__(self) -> None:
+    def __init__(self, inventory_wanted: bool = False) -> None:
+        self.inventory_wanted = inventory_wanted
         self.messages: list[AnyAgentMessage] = []
         self.sizes: list[int] = []
         self.connection: ServerConnection | None = None
@@ -47,7 +48,7 @@ class FakeHead:
     async def _handle(self, ws: ServerConnection) -> None:
         hello = agent_message_adapter.validate_json(await ws.recv())
         assert isinstance(hello, Hello)
-        await ws.send(Welcome(node="n1", inventory_wanted=False).model_dump_json())
+        await ws.send(Welcome(node="n1", inventory_wanted=self.inventory_wanted).model_dump_json())
         self.connection = ws
         with contextlib.suppress(Exception):
             async for raw in ws:

@@ -1,4 +1,5 @@
-"""The daemon's metrics, events and faults over a real channel to an in-process head: what the agent sends."""
+"""The daemon's heartbeats, metrics, events and faults over a real channel to an in-process head: what the
+agent sends."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _agent(tmp_path: Path, port: int, *, simulated: bool = True, interval: float = INTERVAL) -> Agent:
+def _agent(
+    tmp_path: Path, port: int, *, simulated: bool = True, interval: float = INTERVAL, http: object = None
+) -> Agent:
     """An agent over 8 simulated H200s with a stored credential, so it goes straight to the channel."""
     server = f"http://127.0.0.1:{port}"
     store = CredentialStore(tmp_path / "credential.json")
@@ -56,7 +59,7 @@ def _agent(tmp_path: Path, port: int, *, simulated: bool = True, interval: float
         metrics_interval_s=interval,
     )
     read = inventory_source(lambda: simulated_host("n1", 8), [NvmlReader(nvml, source="simulated")])
-    return Agent(options, store, cast(AgentHttp, None), read)  # the fake head never asks for the inventory
+    return Agent(options, store, cast(AgentHttp, http), read)  # None: the fake head never asks for the inventory
 
 
 @contextlib.asynccontextmanager
@@ -78,6 +81,33 @@ async def _command(head: FakeHead, command: FaultCommand) -> FaultResult:
 
 def _xids(head: FakeHead) -> list[tuple[int | None, int | None]]:
     return [(e.gpu, e.code) for m in head.of(Events) for e in m.events if e.kind == "xid"]
+
+
+class SlowInventoryUpload:
+    """The head's HTTP side in a join storm: the inventory upload takes `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.uploaded = asyncio.Event()
+
+    async def put_inventory(self, credential: str, inventory: object) -> None:
+        await asyncio.sleep(self.seconds)
+        self.uploaded.set()
+
+
+def test_heartbeats_go_out_while_the_inventory_upload_waits_for_the_head(tmp_path: Path) -> None:
+    """The head counts a node alive from its hello; a node silent while its upload waits is marked down."""
+
+    async def scenario() -> None:
+        head = FakeHead(inventory_wanted=True)
+        upload = SlowInventoryUpload(seconds=20 * INTERVAL)
+        async with running(_agent(tmp_path, await head.start(), interval=10.0, http=upload)):
+            await head.until(lambda: len(head.of(Heartbeat)) >= 5, seconds=upload.seconds)
+            assert not upload.uploaded.is_set()
+            await asyncio.wait_for(upload.uploaded.wait(), timeout=5)
+        await head.stop()
+
+    asyncio.run(scenario())
 
 
 def test_samples_flow_and_an_injected_xid_goes_out_at_once(tmp_path: Path) -> None:

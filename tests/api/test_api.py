@@ -1,12 +1,17 @@
 """The REST API through a real ASGI stack, on both databases."""
 
+from pathlib import Path
+
+import anyio.to_thread
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpufleet.api.app import create_app
 from gpufleet.auth import service as auth
 from gpufleet.auth.policy import Role
 from gpufleet.core.clock import FakeClock
+from gpufleet.core.config import load_settings
 from gpufleet.core.db import transaction
 from gpufleet.protocol.inventory import GpuInfo, NodeInventory
 
@@ -151,3 +156,13 @@ def test_operators_revoke_join_tokens_but_not_api_tokens(
     assert refused.status_code == 403
     assert "operators revoke join tokens" in refused.json()["detail"]
     assert client.get("/api/v1/nodes").status_code == 200  # the admin token still works
+
+
+def test_blocking_handlers_get_the_configured_number_of_threads(
+    sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path
+) -> None:
+    """Not anyio's 40: that many busy threads starve the event loop that reads heartbeats."""
+    settings = load_settings(client_file=tmp_path / "none.toml", data_dir=tmp_path, request_threads=3)
+    with TestClient(create_app(settings, sessions, clock, run_loops=False)) as client:
+        assert client.portal is not None
+        assert client.portal.call(lambda: anyio.to_thread.current_default_thread_limiter().total_tokens) == 3

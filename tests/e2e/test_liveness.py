@@ -30,8 +30,16 @@ def test_200_nodes_up_in_30s_and_down_in_5s_after_sigkill(heavy: None, head: Hea
     killed_at = time.monotonic()
     took = wait_for(lambda: set(_states(head).values()) == {"down"}, timeout=5, interval=0.1)
     print(f"all 200 down {time.monotonic() - killed_at:.2f}s after SIGKILL ({took:.2f}s polling)")
-    history = head.api("GET", "/api/v1/nodes/sim001")["transitions"]
-    assert [(t["from_state"], t["to_state"]) for t in history] == [("up", "down"), ("new", "up")]
+    # Up once and down once. On this 2-core machine, with a test running beside it, one node in a hundred may
+    # still be marked down during the storm and come back (the head's event loop shares the CPU with the
+    # joins); before the agent beat from its hello and the head capped its request threads, dozens were.
+    flapped = {}
+    for name in _states(head):
+        history = [(t["from_state"], t["to_state"]) for t in head.api("GET", f"/api/v1/nodes/{name}")["transitions"]]
+        if history != [("up", "down"), ("new", "up")]:
+            flapped[name] = history
+    print(f"{len(flapped)} node(s) marked down during the storm: {sorted(flapped)}")
+    assert len(flapped) <= 2, flapped
 
 
 def test_restarted_head_keeps_nodes_and_the_simulator_reconnects(head: Head, tmp_path: Path) -> None:

@@ -99,6 +99,13 @@ async def with_retry(call: Callable[[], Awaitable[T]], initial_s: float = 0.5, m
         backoff = min(backoff * 2, max_s)
 
 
+async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel `tasks` and wait until each has finished."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class Agent:
     """One node's agent. The simulator runs many in one process; only the inventory source differs."""
 
@@ -228,18 +235,19 @@ class Agent:
             inventory = self._inventory or await self._current_inventory()
             hello = Hello(heartbeat_interval_s=self.interval_s, inventory_fingerprint=inventory.fingerprint())
             await ws.send(hello.model_dump_json())
+            # The head counts the node alive from its hello: beat from then on, not from the welcome or after
+            # the inventory upload. In a join storm either can take seconds, and a node silent meanwhile was
+            # marked down and back up (waves of false downs in the 200-node test).
+            tasks = {asyncio.create_task(self._beat(ws))}
             try:
-                welcome = head_message_adapter.validate_json(await asyncio.wait_for(ws.recv(), timeout=10))
-            except ValidationError:
-                raise Unavailable("the head answered hello with something this agent does not understand") from None
-            if not isinstance(welcome, Welcome):
-                raise Unavailable("the head did not answer hello")
-            if welcome.inventory_wanted:
-                await self.http.put_inventory(credential.token, inventory)
+                if (await self._welcome(ws)).inventory_wanted:
+                    await self.http.put_inventory(credential.token, inventory)
+            except BaseException:
+                await _cancel(tasks)
+                raise
             self.connected = True
-            tasks = {
+            tasks |= {
                 asyncio.create_task(self._read(ws)),
-                asyncio.create_task(self._beat(ws)),
                 asyncio.create_task(self._watch_inventory(credential)),
                 asyncio.create_task(self._send_outbox(ws)),
             }
@@ -253,13 +261,22 @@ class Agent:
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await _cancel(tasks)
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
             raise Unavailable("the head closed the channel")
+
+    @staticmethod
+    async def _welcome(ws: ClientConnection) -> Welcome:
+        """The head's answer to hello."""
+        try:
+            welcome = head_message_adapter.validate_json(await asyncio.wait_for(ws.recv(), timeout=10))
+        except ValidationError:
+            raise Unavailable("the head answered hello with something this agent does not understand") from None
+        if not isinstance(welcome, Welcome):
+            raise Unavailable("the head did not answer hello")
+        return welcome
 
     async def _crashed_session(self, ws: ClientConnection) -> None:
         """A simulated crashed node: no hello, so the head never counts the connection as a sign of
