@@ -9,6 +9,7 @@ from __future__ import annotations
 import ssl
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from pydantic import ValidationError
@@ -395,6 +396,37 @@ class HeadClient:
 
     def remove_category(self, name: str) -> None:
         self._call("DELETE", f"/api/v1/categories/{name}")
+
+    def add_environment(self, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/environments", json=body)
+        return result
+
+    def list_environments(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/environments")
+        return result
+
+    def show_environment(self, ref: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/environments/{quote(ref, safe=':')}")
+        return result
+
+    def check_environment(self, ref: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/environments/{quote(ref, safe=':')}/check")
+        return result
+
+    def remove_environment(self, ref: str) -> None:
+        self._call("DELETE", f"/api/v1/environments/{quote(ref, safe=':')}")
+
+    def list_templates(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/api/v1/templates")
+        return result
+
+    def show_template(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/templates/{quote(name)}")
+        return result
+
+    def render_template(self, name: str, values: dict[str, str]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/templates/{quote(name)}/render", json={"values": values})
+        return result
 
     def update_node_settings(
         self, name: str, set_: dict[str, Any], unset: list[str], category: str | None = None

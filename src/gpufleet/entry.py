@@ -205,6 +205,9 @@ def sim(
     nodes: Annotated[int, typer.Option(min=1, max=10_000, help="number of simulated nodes")] = 16,
     gpus_per_node: Annotated[int, typer.Option(min=0, max=64)] = 8,
     gpu_model: Annotated[str, typer.Option(help="H200, H100 or A100")] = "H200",
+    driver_version: Annotated[
+        str | None, typer.Option(help="the NVIDIA driver the nodes report, e.g. 535.183.01 (default: 580.159.04)")
+    ] = None,
     state_dir: Annotated[Path, typer.Option(help="where the simulated nodes keep their credentials")] = Path(
         "gpufleet-sim"
     ),
@@ -235,6 +238,7 @@ def sim(
             nodes=nodes,
             gpus_per_node=gpus_per_node,
             gpu_model=gpu_model,
+            driver_version=driver_version,
             state_dir=state_dir,
             prefix=prefix,
             heartbeat_interval_s=heartbeat_interval,

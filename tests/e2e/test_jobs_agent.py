@@ -78,7 +78,7 @@ def test_a_job_runs_with_its_own_environment_and_its_output_is_kept(node: tuple[
         'echo "user=$(id -un) job=$GPUFLEET_JOB_ID rank=$NODE_RANK world=$WORLD_SIZE mine=$MINE"; '
         'echo "leak=${GPUFLEET_SECRET_FROM_THE_AGENT:-none} cuda=[$CUDA_VISIBLE_DEVICES]"; echo oops >&2; exit 3'
     )
-    job_id = _submit(head, tmp, "--env", "MINE=yes", "--workdir", "/tmp", "--", "/bin/sh", "-c", script)
+    job_id = _submit(head, tmp, "--export", "MINE=yes", "--workdir", "/tmp", "--", "/bin/sh", "-c", script)
     wait_for(lambda: _job(head, job_id)["state"] in ("completed", "failed"), 30, interval=0.2)
     done = _job(head, job_id)
     assert done["state"] == "failed"

@@ -147,7 +147,8 @@ def test_a_node_crash_gives_node_fail_or_a_requeue(cluster: tuple[Head, Path]) -
         (["--project", "tiny", "--gpus-per-node", "4", "--", "train"], "quota of 2"),
         (["--time", "soon", "--", "train"], "invalid duration"),
         ([], "either a command"),
-        (["--env", "1X=2", "--", "train"], "env"),
+        (["--export", "1X=2", "--", "train"], "env"),
+        (["--env", "nope", "--", "train"], "no environment nope"),
     ],
 )
 def test_bad_submissions_get_one_line_and_queue_nothing(

@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio.to_thread
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
@@ -27,12 +28,14 @@ from gpufleet.api.routers import (
     ansible,
     audit_log,
     categories,
+    environments,
     job_metrics,
     logs,
     nodes,
     projects,
     prometheus_metrics,
     slurm_accounts,
+    templates,
     tokens,
     users,
     web_login,
@@ -129,6 +132,8 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     slurm_routes.router,
     slurm_accounts.router,
     task_routes.router,
+    environments.router,
+    templates.router,
     power_routes.router,
     image_routes.router,
 )
@@ -138,9 +143,13 @@ ROOT_ROUTERS: tuple[APIRouter, ...] = (prometheus_metrics.router,)
 
 
 @contextlib.asynccontextmanager
-async def _serving(runner: TaskRunner) -> AsyncIterator[None]:
+async def _serving(runner: TaskRunner, request_threads: int) -> AsyncIterator[None]:
     """Tasks a stopped head left unfinished are marked interrupted, now and every little while; ours get
-    a moment to end at shutdown."""
+    a moment to end at shutdown. Blocking request handlers get `request_threads` threads."""
+    # Starlette runs blocking handlers (joins, most API calls) in anyio's pool, 40 threads by default. In a
+    # join storm 40 threads busy with Python work left the event loop so little of the GIL that heartbeats
+    # sat unread for seconds and live nodes were marked down; a few threads keep the database as busy.
+    anyio.to_thread.current_default_thread_limiter().total_tokens = request_threads
     runner.watch()
     try:
         yield
@@ -260,7 +269,7 @@ def create_app(
         runs = (loops.run(stop), monitoring.run(stop), jobs.run(stop), assets.run(stop)) if run_loops else ()
         tasks = [asyncio.create_task(run) for run in runs]
         try:
-            async with _serving(ctx.tasks):
+            async with _serving(ctx.tasks, settings.request_threads):
                 yield
         finally:
             stop.set()

@@ -38,6 +38,7 @@ class Permission(enum.StrEnum):
     JOBS_READ = "jobs:read"  # the queue, job history and usage reports
     JOBS_SUBMIT = "jobs:submit"  # submit jobs as oneself to one's projects, cancel one's own, read their output
     JOBS_ADMIN = "jobs:admin"  # any user's jobs: submit as them, cancel, raise priority, read output
+    ENVIRONMENTS_WRITE = "environments:write"  # add and remove runtime environments (reading needs jobs:read)
     AGENT_REPORT = "agent:report"  # a node reporting about itself
     ASSETS_READ = "assets:read"  # installed software, advisories and findings: which nodes are vulnerable
     CVE_WRITE = "cve:write"  # import advisories, set a finding's status (accepted risk, mitigated, ...)
@@ -75,6 +76,7 @@ POLICY: dict[Role, frozenset[Permission]] = {
         Permission.TOKENS_REVOKE,  # join tokens only: see the revoke route
         Permission.ALERTS_WRITE,
         Permission.JOBS_SUBMIT,
+        Permission.ENVIRONMENTS_WRITE,
         Permission.ASSETS_READ,
         Permission.CVE_WRITE,
         Permission.IMAGES_READ,

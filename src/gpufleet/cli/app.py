@@ -15,6 +15,7 @@ from gpufleet.cli import (
     categories,
     config,
     cve,
+    environments,
     export,
     images,
     jobs,
@@ -27,6 +28,7 @@ from gpufleet.cli import (
     slurm,
     slurm_accounts,
     tasks,
+    templates,
     tokens,
     users,
 )
@@ -84,6 +86,8 @@ app.add_typer(power.power_app, name="power")
 app.add_typer(power.bmc_app, name="bmc")
 nodes.app.command("set-mac")(provision.set_mac)
 app.add_typer(categories.app, name="category")
+app.add_typer(environments.app, name="env")
+app.add_typer(templates.app, name="template")
 nodes.app.command("set")(categories.node_set)
 nodes.app.command("unset")(categories.node_unset)
 slurm.app.add_typer(slurm_accounts.app, name="accounts")

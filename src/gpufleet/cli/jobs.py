@@ -92,7 +92,7 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise InvalidInput(f"invalid --env {pair!r}: use NAME=VALUE")
+            raise InvalidInput(f"invalid --export {pair!r}: use NAME=VALUE")
         env[name] = value
     return env
 
@@ -147,19 +147,30 @@ def submit(
     time_limit: Annotated[str | None, typer.Option("--time", help="time limit: 90m, 4h, 2d or [D-]HH:MM:SS")] = None,
     priority: Annotated[int, typer.Option(help="higher runs first; above 0 needs a job admin")] = 0,
     container: Annotated[str | None, typer.Option(help="container image to run in")] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", help="NAME=VALUE, repeatable")] = None,
+    export: Annotated[
+        list[str] | None, typer.Option("--export", help="environment variable NAME=VALUE, repeatable")
+    ] = None,
+    environment: Annotated[
+        str | None, typer.Option("--env", help="runtime environment NAME[:VERSION] (gpufleet env list)")
+    ] = None,
     workdir: Annotated[str | None, typer.Option(help="absolute working directory on the nodes")] = None,
     name: Annotated[str, typer.Option(help="a name to find the job by")] = "",
     category: Annotated[str | None, typer.Option(help="run only on nodes of this category")] = None,
     requeue: Annotated[bool, typer.Option(help="run again elsewhere if a node fails")] = False,
     user: Annotated[str | None, typer.Option(help="run as this user (job admins only)")] = None,
     script: Annotated[Path | None, typer.Option(help="a script file to run with /bin/sh")] = None,
+    template: Annotated[
+        str | None, typer.Option(help="start from this job template (gpufleet template list); options given win")
+    ] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="template param NAME=VALUE, repeatable")] = None,
     output: Format = OutputOpt,
 ) -> None:
-    """Submit a job: gpufleet job submit [OPTIONS] -- COMMAND [ARGS]... (or --script FILE)."""
+    """Submit a job: gpufleet job submit [OPTIONS] -- COMMAND [ARGS]... (or --script FILE, or --template NAME)."""
     argv = list(ctx.args)
     if argv and argv[0].startswith("-"):
         raise InvalidInput(f"unknown option {argv[0]}; put the command after --")
+    if set_ and template is None:
+        raise InvalidInput("--set gives a template's params: name the template with --template")
     body: dict[str, Any] = {
         "name": name,
         "project": project,
@@ -172,17 +183,52 @@ def submit(
         "priority": priority,
         "argv": argv,
         "script": _read_script(script) if script else None,
-        "env": parse_env(env or []),
+        "env": parse_env(export or []),
         "workdir": workdir,
         "container": container,
         "category": category,
         "requeue": requeue,
+        "environment": environment,
     }
-    job = state(ctx).client().submit_job(body)
+    client = state(ctx).client()
+    if template is not None:
+        if argv or script:
+            raise InvalidInput(f"template {template} gives the command: leave out the command and --script")
+        body = _over_template(client.render_template(template, _values(set_ or [])), body)
+    job = client.submit_job(body)
     if output is Format.json:
         print_json(job)
     else:
         typer.echo(f"submitted job {job['id']} ({job['state']}: {job['reason']})")
+
+
+def _values(pairs: list[str]) -> dict[str, str]:
+    values = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise InvalidInput(f"invalid --set {pair!r}: use NAME=VALUE")
+        values[name] = value
+    return values
+
+
+# What `job submit` sends when an option is left out; a template's value stands unless the option was given.
+_UNSET: dict[str, Any] = {
+    "name": "", "project": None, "user": None, "nodes": 1, "gpus_per_node": 1, "cpus_per_node": 0,
+    "mem_per_node_mib": 0, "time_limit_s": None, "priority": 0, "argv": [], "script": None, "env": {},
+    "workdir": None, "container": None, "category": None, "requeue": False, "environment": None,
+}  # fmt: skip
+
+
+def _over_template(rendered: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The template's job spec with the options the user gave on top (variables merged)."""
+    body = dict(rendered)
+    for key, value in options.items():
+        if key == "env":
+            body["env"] = {**rendered.get("env", {}), **value}
+        elif value != _UNSET[key] or key not in body:
+            body[key] = value
+    return body
 
 
 def _read_script(path: Path) -> str:

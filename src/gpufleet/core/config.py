@@ -57,6 +57,9 @@ class Settings(BaseSettings):
         10.0, ge=0, le=3600, description="time a new leader gives every node to reconnect before sweeping it"
     )
     max_request_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    request_threads: int = Field(
+        4, ge=1, le=256, description="threads running blocking request handlers; more starve the event loop"
+    )
     metrics_interval_s: float = Field(
         5.0, ge=0.1, le=3600, description="how often agents sample metrics (the head judges staleness by it)"
     )
@@ -97,6 +100,9 @@ class Settings(BaseSettings):
         7 * 86_400.0, gt=0, description="half-life of past GPU use in projects' fair-share order"
     )
     job_default_time_limit_s: float = Field(3600.0, gt=0, description="time limit of a job that names none")
+    job_templates_dir: Path | None = Field(
+        None, description="admin job templates (*.toml), beside the built-in ones; default data_dir/job-templates"
+    )
     job_max_time_limit_s: float = Field(14 * 86_400.0, gt=0, description="the longest time limit a job may ask for")
     job_max_requeues: int = Field(3, ge=0, le=100, description="how often a requeue-on-node-failure job is run again")
     job_output_max_chars: int = Field(

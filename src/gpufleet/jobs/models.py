@@ -78,6 +78,10 @@ class Job(Base):
     backend: Mapped[str] = mapped_column(String(16), default="builtin", server_default="builtin")
     external_id: Mapped[str | None] = mapped_column(String(64), default=None, index=True)
     partition: Mapped[str | None] = mapped_column(String(64), default=None)
+    # The runtime environment it runs in ("name:version") and the driver that environment needs, copied at
+    # submission so the scheduler reads one column and a later change to the catalog moves no queued job.
+    environment: Mapped[str | None] = mapped_column(String(160), default=None)
+    min_driver: Mapped[str | None] = mapped_column(String(32), default=None)
 
     ranks: Mapped[list[JobRank]] = relationship(
         back_populates="job", cascade="all, delete-orphan", order_by="(JobRank.run, JobRank.rank)", lazy="selectin"
@@ -139,3 +143,30 @@ class JobOutputChunk(Base):
     offset: Mapped[int] = mapped_column(Integer)
     data: Mapped[str] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Environment(Base):
+    """A runtime environment jobs run in: a container image, or a Python environment present on the nodes,
+    with the framework versions it carries and the NVIDIA driver it needs."""
+
+    __tablename__ = "environments"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63))
+    version: Mapped[str] = mapped_column(String(32))
+    image: Mapped[str | None] = mapped_column(String(512), default=None)  # a container image reference
+    python_prefix: Mapped[str | None] = mapped_column(String(1024), default=None)  # a venv or conda prefix
+    cuda: Mapped[str] = mapped_column(String(16))
+    pytorch: Mapped[str | None] = mapped_column(String(32), default=None)
+    cudnn: Mapped[str | None] = mapped_column(String(32), default=None)
+    nccl: Mapped[str | None] = mapped_column(String(32), default=None)
+    min_driver: Mapped[str] = mapped_column(String(32))
+    driver_given: Mapped[bool] = mapped_column(Boolean, default=False)  # False: from the CUDA driver table
+    description: Mapped[str] = mapped_column(String(512), default="")
+    created_by: Mapped[str] = mapped_column(String(160))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.version}"

@@ -24,7 +24,9 @@ One pass, in order:
 Placement: a job's nodes each get `gpus_per_node` GPUs (a job asks for whole nodes' shares, so a
 multi-GPU job with `nodes=1` always stays on one node), preferring contiguous GPU indexes (GPUs that
 share a PCIe switch or NVLink domain are usually numbered together). A multi-node job prefers nodes
-under one topology label (switch or rack). Per category, "pack" fills the fullest node that fits
+under one topology label (switch or rack). A job whose environment needs a newer NVIDIA driver (its CUDA
+version, `protocol.cuda`) lands only on nodes whose driver is at least that; with no such node it is
+`unschedulable`. Per category, "pack" fills the fullest node that fits
 (keeping whole nodes free for big jobs) and "spread" the emptiest (load balancing).
 """
 
@@ -35,6 +37,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+from gpufleet.protocol.cuda import DriverVersion
 
 PlacementPolicy = Literal["pack", "spread"]
 
@@ -69,6 +73,7 @@ class NodeView:
     schedulable: bool = True
     category: str | None = None
     topology: str | None = None  # the switch or rack label; nodes sharing one are close on the network
+    driver: DriverVersion | None = None  # the NVIDIA driver, as a version tuple; None: not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +90,16 @@ class JobRequest:
     priority: int = 0
     submitted_at: float = 0.0
     category: str | None = None  # run only on nodes of this category (a partition); None: any
+    min_driver: DriverVersion | None = None  # its environment's CUDA needs this driver or newer
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    def runs_on(self, driver: DriverVersion | None) -> bool:
+        """Whether a node with this driver can run the job (a node whose driver is unknown cannot, when
+        the job needs one)."""
+        return self.min_driver is None or (driver is not None and driver >= self.min_driver)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +185,7 @@ class _Node:
         "category",
         "cpu_cap",
         "cpu_free",
+        "driver",
         "free",
         "gpu_count",
         "idx",
@@ -189,6 +201,7 @@ class _Node:
         self.name = view.name
         self.category = view.category
         self.topology = view.topology
+        self.driver = view.driver
         self.gpu_count = view.gpu_count
         free = {g for g in view.gpus if 0 <= g < view.gpu_count}
         if held:
@@ -211,7 +224,8 @@ def _pick(free: list[int], n: int) -> list[int]:
     return free[:n]
 
 
-_Shape = tuple[str | None, int, int, int, int]  # category, nodes, gpus, cpus, mem per node
+# category, nodes, then per node: GPUs, CPUs, memory; the least driver
+_Shape = tuple[str | None, int, int, int, int, DriverVersion | None]
 
 
 class _Pass:
@@ -246,7 +260,7 @@ class _Pass:
 
     @staticmethod
     def shape(job: JobRequest) -> _Shape:
-        return (job.category, job.nodes, job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mib)
+        return (job.category, job.nodes, job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mib, job.min_driver)
 
     def _cats(self, category: str | None) -> Iterable[str | None]:
         if category is None:
@@ -258,11 +272,17 @@ class _Pass:
         shape = self.shape(job)
         known = self._capacity.get(shape)
         if known is None:
-            cat, count, g, c, m = shape
+            cat, count, g, c, m, _ = shape
             ok_nodes = 0
             if count >= 1 and g >= 0:
                 for n in self.nodes:
-                    if (cat is None or n.category == cat) and n.gpu_count >= g and n.cpu_cap >= c and n.mem_cap >= m:
+                    if (
+                        (cat is None or n.category == cat)
+                        and n.gpu_count >= g
+                        and n.cpu_cap >= c
+                        and n.mem_cap >= m
+                        and job.runs_on(n.driver)
+                    ):
                         ok_nodes += 1
             known = self._capacity[shape] = ok_nodes >= count >= 1
         return known
@@ -284,7 +304,10 @@ class _Pass:
 
     def _fits(self, n: _Node, job: JobRequest) -> bool:
         return (
-            len(n.free) >= job.gpus_per_node and n.cpu_free >= job.cpus_per_node and n.mem_free >= job.mem_per_node_mib
+            len(n.free) >= job.gpus_per_node
+            and n.cpu_free >= job.cpus_per_node
+            and n.mem_free >= job.mem_per_node_mib
+            and job.runs_on(n.driver)
         )
 
     def _find_one(self, job: JobRequest, include_reserved: bool) -> _Node | None:
@@ -299,7 +322,7 @@ class _Pass:
             for k in order:
                 for i in buckets[k]:
                     n = self.nodes[i]
-                    if n.cpu_free >= c and n.mem_free >= m:
+                    if n.cpu_free >= c and n.mem_free >= m and job.runs_on(n.driver):
                         hit = n
                         break
                 if hit is not None:
@@ -336,7 +359,7 @@ class _Pass:
             for k in order
             for cat in cats
             for i in self.buckets[cat][k]
-            if self.nodes[i].cpu_free >= c and self.nodes[i].mem_free >= m
+            if self.nodes[i].cpu_free >= c and self.nodes[i].mem_free >= m and job.runs_on(self.nodes[i].driver)
         ]
         cands += [n for n in extra if self._fits(n, job)]
         if len(cands) < want:
@@ -391,7 +414,7 @@ class _Pass:
         mem: dict[str, int] = {}
         ready: list[str] = []
         for n in self.nodes:
-            if job.category not in (None, n.category):
+            if job.category not in (None, n.category) or not job.runs_on(n.driver):
                 continue
             gpus[n.name], cpus[n.name], mem[n.name] = len(n.free), n.cpu_free, n.mem_free
             if len(n.free) >= g and n.cpu_free >= c and n.mem_free >= m:

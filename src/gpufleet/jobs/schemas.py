@@ -18,6 +18,15 @@ MAX_NODES_PER_JOB = 1024
 MAX_GPUS_PER_NODE = 64
 
 
+ImageRef = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9/][A-Za-z0-9._/:@-]*$", max_length=512)]
+_ENV_NAME = r"[a-z0-9][a-z0-9._-]{0,62}"
+_ENV_VERSION = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,31}"
+EnvironmentName = Annotated[str, StringConstraints(pattern=f"^{_ENV_NAME}$")]
+EnvironmentVersion = Annotated[str, StringConstraints(pattern=f"^{_ENV_VERSION}$")]
+EnvironmentRef = Annotated[str, StringConstraints(pattern=f"^{_ENV_NAME}(:{_ENV_VERSION})?$")]  # name[:version]
+FrameworkVersion = Annotated[str, StringConstraints(pattern=r"^[0-9][A-Za-z0-9.+-]{0,31}$")]
+
+
 class JobSubmit(BaseModel):
     """What `gpufleet job submit` sends. Either `argv` (run directly) or `script` (run by /bin/sh)."""
 
@@ -36,11 +45,10 @@ class JobSubmit(BaseModel):
     script: Annotated[str, StringConstraints(max_length=MAX_SCRIPT_CHARS)] | None = None
     env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=MAX_ENV)
     workdir: Annotated[str, StringConstraints(pattern=r"^/", max_length=1024)] | None = None
-    container: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9/][A-Za-z0-9._/:@-]*$", max_length=512)] | None = (
-        None
-    )
+    container: ImageRef | None = None
     category: Annotated[str, StringConstraints(max_length=64)] | None = None
     requeue: bool = False  # run again elsewhere when a node fails, instead of ending node_fail
+    environment: EnvironmentRef | None = None  # run in this catalog environment ("name" or "name:version")
 
     @model_validator(mode="after")
     def _one_command(self) -> JobSubmit:
@@ -102,6 +110,8 @@ class JobOut(BaseModel):
     backend: str = "builtin"  # who runs it: builtin or slurm
     external_id: str | None = None  # Slurm's job id, once submitted there
     partition: str | None = None  # the Slurm partition it runs in
+    environment: str | None = None  # the runtime environment it runs in (name:version)
+    min_driver: str | None = None  # the NVIDIA driver that environment needs; it runs only where one is
 
 
 class JobDetail(JobOut):
@@ -154,3 +164,61 @@ class IdleGpu(BaseModel):
     gpu: int
     gpu_util: float
     held_since: datetime
+
+
+class EnvironmentIn(BaseModel):
+    """A runtime environment to add: a container image or a Python environment on the nodes (one of them),
+    the framework versions it carries, and the NVIDIA driver it needs (default: its CUDA's, `protocol.cuda`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: EnvironmentName
+    version: EnvironmentVersion
+    image: ImageRef | None = None
+    python_prefix: Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9._/+-]*$", max_length=1024)] | None = None
+    cuda: Annotated[str, StringConstraints(pattern=r"^\d{1,2}\.\d{1,2}(\.\d{1,4})?$")]
+    pytorch: FrameworkVersion | None = None
+    cudnn: FrameworkVersion | None = None
+    nccl: FrameworkVersion | None = None
+    min_driver: Annotated[str, StringConstraints(pattern=r"^\d{1,4}(\.\d{1,4}){0,2}$")] | None = None
+    description: Annotated[str, StringConstraints(max_length=512)] = ""
+
+    @model_validator(mode="after")
+    def _one_runtime(self) -> EnvironmentIn:
+        if (self.image is None) == (self.python_prefix is None):
+            raise ValueError("give either a container image or a Python environment prefix, not both and not neither")
+        if "\x00" in self.description:
+            raise ValueError("NUL characters are not allowed")
+        return self
+
+
+class EnvironmentOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    version: str
+    ref: str
+    image: str | None
+    python_prefix: str | None
+    cuda: str
+    pytorch: str | None
+    cudnn: str | None
+    nccl: str | None
+    min_driver: str
+    driver_given: bool
+    description: str
+    created_by: str
+    created_at: datetime
+    compatible_nodes: int | None = None  # in listings: how many nodes can run it now
+
+
+class NodeFitOut(BaseModel):
+    node: str
+    driver: str | None
+    ok: bool
+    reason: str
+
+
+class EnvironmentCheck(BaseModel):
+    environment: EnvironmentOut
+    nodes: list[NodeFitOut]

@@ -20,6 +20,7 @@ from gpufleet.auth.users import get_user
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Forbidden, InvalidInput
 from gpufleet.inventory.models import Node
+from gpufleet.jobs import environments
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.jobs.schemas import JobSubmit
 
@@ -43,7 +44,16 @@ def submit(
     session: Session, clock: Clock, who: Submitter, spec: JobSubmit, limits: Limits, *, backend: str = "builtin"
 ) -> Job:
     """Queue a job for `backend` ("builtin", or "slurm": the Slurm sync hands it to sbatch)."""
-    if backend == "slurm" and spec.container:
+    container, variables, env = spec.container, dict(spec.env), None
+    if spec.environment is not None:
+        env = environments.get(session, spec.environment)  # NotFound for an unknown one
+        image, settings = environments.job_settings(env)
+        if image is not None and container not in (None, image):
+            raise InvalidInput(f"environment {env.ref} runs in {image}: leave out --container or the environment")
+        container = image or container
+        variables = settings | variables  # the job's own values win, but for which environment it ran in
+        variables["GPUFLEET_ENVIRONMENT"] = env.ref
+    if backend == "slurm" and container:
         raise InvalidInput(
             "containers are not run through Slurm by gpufleet (Slurm needs pyxis/enroot for images); "
             "start the container from the job's script"
@@ -74,11 +84,13 @@ def submit(
         category=spec.category,
         argv=list(spec.argv),
         script=spec.script,
-        env=dict(spec.env),
+        env=variables,
         workdir=spec.workdir,
-        container=spec.container,
+        container=container,
         requeue=spec.requeue,
         backend=backend,
+        environment=env.ref if env is not None else None,
+        min_driver=env.min_driver if env is not None else None,
         submitted_at=to_datetime(clock.now()),
     )
     session.add(job)

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpufleet.core.clock import Clock
 from gpufleet.core.db import transaction
 from gpufleet.inventory.models import Gpu, Node
-from gpufleet.jobs import accounting, lifecycle
+from gpufleet.jobs import accounting, environments, lifecycle
 from gpufleet.jobs.models import Job, JobRank, JobState, RankState
 from gpufleet.jobs.scheduler import (
     JobRequest,
@@ -43,6 +43,7 @@ from gpufleet.jobs.scheduler import (
     node_schedulable,
     schedule,
 )
+from gpufleet.protocol.cuda import parse_driver
 
 REASONS = {
     PendingReason.QUOTA: "quota: the project holds its maximum of GPUs at once",
@@ -51,6 +52,10 @@ REASONS = {
     PendingReason.PRIORITY: "priority: held for a higher-priority job's reservation",
     PendingReason.UNSCHEDULABLE: "unschedulable: no set of schedulable nodes can hold it now",
 }
+DRIVER_REASON = (
+    "unschedulable: no schedulable node that could hold it has NVIDIA driver {driver} or newer, which its"
+    " environment needs (gpufleet env check)"
+)
 TOPOLOGY_LABELS = ("switch", "rack")
 UPDATE_BATCH = 900  # ids per UPDATE ... IN (...): under every SQLite build's bound-parameter limit
 
@@ -122,6 +127,7 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
             Job.priority,
             Job.submitted_at,
             Job.category,
+            Job.min_driver,
             Job.reason,
         ).where(Job.state == JobState.PENDING)
     ).all()
@@ -139,18 +145,23 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
             priority=priority,
             submitted_at=submitted.timestamp(),
             category=category,
+            min_driver=parse_driver(min_driver) if min_driver else None,
         )
-        for job_id, project, nodes, gpus, cpus, mem, limit, priority, submitted, category, _ in rows
+        for job_id, project, nodes, gpus, cpus, mem, limit, priority, submitted, category, min_driver, _ in rows
     ]
     stored = {str(row[0]): row[-1] for row in rows}
+    drivers = {str(row[0]): row[-2] for row in rows if row[-2]}
     held = lifecycle.held_ranks(session)
     views, gpu_ids = _nodes(session, held)
     limits = accounting.project_limits(session, now, settings.half_life_s)
     decisions = schedule(views, _running(held, now), queue, limits, now, settings.policy)
     reasons: dict[str, list[int]] = defaultdict(list)
     for job_id, why in decisions.pending.items():
-        if stored[job_id] != REASONS[why]:  # unchanged reasons are not written
-            reasons[REASONS[why]].append(int(job_id))
+        text = REASONS[why]
+        if why is PendingReason.UNSCHEDULABLE and job_id in drivers:
+            text = DRIVER_REASON.format(driver=drivers[job_id])
+        if stored[job_id] != text:  # unchanged reasons are not written
+            reasons[text].append(int(job_id))
     return Plan(failed, overdue, orphans, decisions.placements, dict(reasons), gpu_ids, len(decisions.pending))
 
 
@@ -222,6 +233,7 @@ def _nodes(session: Session, held: list[lifecycle.HeldRank]) -> tuple[list[NodeV
             busy_gpus[rank.node_id].update(rank.gpu_indexes)
             cpus_used[rank.node_id] += rank.cpus_per_node
             mem_used[rank.node_id] += rank.mem_per_node_mib
+    drivers = environments.node_drivers(session)
     uuids: dict[int, dict[int, str]] = defaultdict(dict)
     for node_id, index, uuid in session.execute(select(Gpu.node_id, Gpu.index, Gpu.uuid)):
         uuids[node_id][index] = uuid
@@ -258,6 +270,7 @@ def _nodes(session: Session, held: list[lifecycle.HeldRank]) -> tuple[list[NodeV
                 schedulable=node_schedulable(state.value, health, drained_at is not None),
                 category=category,
                 topology=topology,
+                driver=drivers.get(node_id),
             )
         )
     return views, gpus

@@ -27,6 +27,7 @@ from typing import Any
 
 from gpufleet.agent.gpu import nvml_api as api
 from gpufleet.core.errors import InvalidInput
+from gpufleet.protocol.cuda import newest_cuda, parse_driver
 from gpufleet.protocol.inventory import MAX_GPUS_PER_NODE
 from gpufleet.sim.nvml_types import (
     EventData,
@@ -156,6 +157,18 @@ class SimulatedGpu:
     pcie_replays: int = 0
 
 
+def _cuda_of(driver: str) -> int:
+    """NVML's CUDA driver version (1000 * major + 10 * minor) of the newest CUDA `driver` runs fully.
+    ValueError for a driver gpufleet cannot read or older than every CUDA it knows."""
+    try:
+        cuda = newest_cuda(parse_driver(driver))
+    except InvalidInput as exc:
+        raise ValueError(str(exc)) from None
+    if cuda is None:
+        raise ValueError(f"driver {driver} runs no CUDA version gpufleet knows (11.0 needs 450.51.05)")
+    return 1000 * cuda[0] + 10 * cuda[1]
+
+
 class SimulatedNvml:
     """A pynvml look-alike for one node: `gpu_count` GPUs of `gpu_model` (one of MODELS).
 
@@ -180,14 +193,18 @@ class SimulatedNvml:
         seed: int | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        driver_version: str = DRIVER_VERSION,
     ) -> None:
-        """Describe the node's GPUs; cheap enough to build thousands (no I/O, a hash per GPU)."""
+        """Describe the node's GPUs; cheap enough to build thousands (no I/O, a hash per GPU). Another
+        `driver_version` (a node left on an older driver) reports the newest CUDA that driver runs."""
         if gpu_model not in MODELS:
             raise ValueError(f"unknown GPU model {gpu_model!r}; known: {', '.join(sorted(MODELS))}")
         if not 0 <= gpu_count <= MAX_GPUS_PER_NODE:
             raise ValueError(f"gpu_count must be between 0 and {MAX_GPUS_PER_NODE}, not {gpu_count}")
         self.node_name = node_name
         self.model = MODELS[gpu_model]
+        self.driver_version = driver_version
+        self.cuda_driver_version = CUDA_DRIVER_VERSION if driver_version == DRIVER_VERSION else _cuda_of(driver_version)
         self._clock = clock
         self._rng = random.Random(zlib.crc32(node_name.encode()) if seed is None else seed)
         self._init_count = 0
@@ -286,7 +303,7 @@ class SimulatedNvml:
     def nvmlSystemGetDriverVersion(self) -> str:
         """The driver version, e.g. "580.159.04"."""
         self._check()
-        return DRIVER_VERSION
+        return self.driver_version
 
     def nvmlSystemGetNVMLVersion(self) -> str:
         """The NVML library version."""
@@ -296,7 +313,7 @@ class SimulatedNvml:
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         """The CUDA version the driver supports, as 1000 * major + 10 * minor."""
         self._check()
-        return CUDA_DRIVER_VERSION
+        return self.cuda_driver_version
 
     def nvmlDeviceGetCount(self) -> int:
         """How many GPUs NVML lists (a missing GPU is not counted)."""

@@ -37,7 +37,7 @@ from gpufleet.sim.host import simulated_host
 from gpufleet.sim.host_metrics import SimulatedHostMetrics
 from gpufleet.sim.infiniband import SimulatedInfiniband
 from gpufleet.sim.jobs import SimulatedExecutor
-from gpufleet.sim.nvml import SimulatedNvml
+from gpufleet.sim.nvml import DRIVER_VERSION, SimulatedNvml
 from gpufleet.sim.software import SimulatedSoftware
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ class SimOptions:
     nodes: int
     gpus_per_node: int = 8
     gpu_model: str = "H200"
+    driver_version: str | None = None  # None: the probed H200's driver (sim.nvml.DRIVER_VERSION)
     state_dir: Path = Path("gpufleet-sim")
     prefix: str = "sim"
     heartbeat_interval_s: float | None = None
@@ -99,7 +100,12 @@ class Simulation:
         http = AgentHttp(opts.server, self._http)
         for i, name in enumerate(node_names(opts.nodes, opts.prefix)):
             try:
-                nvml = SimulatedNvml(name, gpu_count=opts.gpus_per_node, gpu_model=opts.gpu_model)
+                nvml = SimulatedNvml(
+                    name,
+                    gpu_count=opts.gpus_per_node,
+                    gpu_model=opts.gpu_model,
+                    driver_version=opts.driver_version or DRIVER_VERSION,
+                )
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from None
             host = functools.partial(simulated_host, name, opts.gpus_per_node)
