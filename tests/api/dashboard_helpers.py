@@ -51,9 +51,14 @@ def row_names(html: str, table: str = "nodes") -> list[str]:
 
 
 def up_node(
-    client: TestClient, name: str, gpus: int = 2, model: str = "NVIDIA H200", category: str | None = None
+    client: TestClient,
+    name: str,
+    gpus: int = 2,
+    model: str = "NVIDIA H200",
+    category: str | None = None,
+    driver: str | None = None,
 ) -> int:
-    """Node `name`, up, with `gpus` GPUs in its inventory. Returns its id."""
+    """Node `name`, up, with `gpus` GPUs (NVIDIA driver `driver`) in its inventory. Returns its id."""
     ctx = client.app.state.ctx  # type: ignore[attr-defined]
     with transaction(ctx.sessions) as session:
         node = inventory.add_nodes(session, ctx.clock, [name], NodeSettings(category=category))[0]
@@ -73,6 +78,7 @@ def up_node(
                         model=model,
                         pci_bus_id=f"00000000:{i + 1:02x}:00.0",
                         memory_total_mib=143771,
+                        driver_version=driver,
                     )
                     for i in range(gpus)
                 ],

@@ -184,6 +184,7 @@ def test_pages_fit_a_laptop_screen(cluster: Head, page: Page) -> None:
         "/logs",
         "/software",
         "/categories",
+        "/environments",
         "/images",
         "/power",
         "/tasks",
