@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,7 @@ from gpufleet.jobs.scheduler import (
     node_schedulable,
     schedule,
 )
+from gpufleet.protocol.cuda import parse_driver
 
 NOW = 1_000_000.0
 ALL8 = frozenset(range(8))
@@ -345,3 +347,152 @@ def test_schedule_is_deterministic() -> None:
     nodes = [node(f"n{i}", topology=f"s{i % 3}") for i in range(12)]
     q = [job(f"j{i}", nodes=1 + i % 3, gpus_per_node=1 + i % 8, priority=i % 4) for i in range(60)]
     assert run(nodes, q) == run(nodes, q)
+
+
+# --- NVIDIA drivers: a job whose environment needs a newer driver lands only where one is ---------
+
+OLD_DRIVER = (535, 183, 1)  # runs CUDA up to 12.2
+NEW_DRIVER = (550, 127, 5)
+CUDA_12_4 = (550, 54, 14)  # what CUDA 12.4 needs: between the two above
+
+
+def _nodes_of(d: Decisions, job_id: str) -> set[str]:
+    return set(placed(d)[job_id])
+
+
+def test_runs_on_compares_drivers_as_numbers() -> None:
+    needs = job("j", min_driver=CUDA_12_4)
+    assert needs.runs_on(NEW_DRIVER)  # 550.127.05 >= 550.54.14, though not as text
+    assert needs.runs_on(CUDA_12_4)
+    assert not needs.runs_on(OLD_DRIVER)
+    assert not needs.runs_on((550, 54, 13))
+    assert not needs.runs_on(None)
+    assert job("k").runs_on(None)
+    assert job("k").runs_on(OLD_DRIVER)
+
+
+def test_pack_does_not_put_a_driver_job_on_the_fuller_old_driver_node() -> None:
+    nodes = [node("old", frozenset(range(1, 8)), driver=OLD_DRIVER), node("new", driver=NEW_DRIVER)]
+    assert _nodes_of(run(nodes, [job("j")]), "j") == {"old"}  # pack's choice without a driver to meet
+    d = run(nodes, [job("j", min_driver=CUDA_12_4)])
+    assert placed(d) == {"j": {"new": (0,)}}
+    assert d.pending == {}
+
+
+def test_spread_does_not_put_a_driver_job_on_the_emptier_old_driver_node() -> None:
+    nodes = [
+        node("old", category="c", driver=OLD_DRIVER),
+        node("new", frozenset({6, 7}), category="c", driver=NEW_DRIVER),
+    ]
+    policy = Policy(placement={"c": "spread"})
+    assert _nodes_of(run(nodes, [job("j")], policy=policy), "j") == {"old"}  # spread's choice
+    d = run(nodes, [job("j", min_driver=CUDA_12_4)], policy=policy)
+    assert placed(d) == {"j": {"new": (6,)}}
+
+
+def test_a_node_with_an_unknown_driver_takes_only_jobs_that_need_none() -> None:
+    nodes = [node("unknown", driver=None)]
+    d = run(nodes, [job("needs", min_driver=CUDA_12_4), job("any")])
+    assert d.pending == {"needs": PendingReason.UNSCHEDULABLE}
+    assert placed(d) == {"any": {"unknown": (0,)}}
+    assert d.reservation is None
+
+
+def test_jobs_needing_a_driver_fill_only_the_compatible_node() -> None:
+    nodes = [node("old", driver=OLD_DRIVER), node("new", driver=NEW_DRIVER)]
+    d = run(nodes, [job(f"j{i:02}", min_driver=CUDA_12_4) for i in range(10)])
+    assert Counter(n for p in d.placements for n in p.allocation) == {"new": 8}
+    assert set(d.pending.values()) == {PendingReason.RESOURCES}
+
+
+def test_a_gang_with_one_compatible_node_is_unschedulable() -> None:
+    nodes = [node("old", driver=OLD_DRIVER), node("new", driver=NEW_DRIVER), node("unknown")]
+    d = run(nodes, [job("g", nodes=2, gpus_per_node=1, min_driver=CUDA_12_4)])
+    assert d.placements == []
+    assert d.pending == {"g": PendingReason.UNSCHEDULABLE}
+    assert d.reservation is None
+    # Two compatible nodes: it runs, on exactly those.
+    nodes.append(node("newer", driver=(580, 65, 6)))
+    d = run(nodes, [job("g", nodes=2, gpus_per_node=1, min_driver=CUDA_12_4)])
+    assert _nodes_of(d, "g") == {"new", "newer"}
+
+
+def test_a_driver_job_waits_for_the_busy_compatible_node_and_reserves_only_it() -> None:
+    running = [RunningJob("r", "q", {"new": ALL8}, ends_by=NOW + 500)]
+    nodes = [node("old", driver=OLD_DRIVER), node("new", driver=NEW_DRIVER), node("unknown")]
+    q = [job("top", gpus_per_node=8, min_driver=CUDA_12_4, priority=5), job("other", gpus_per_node=8)]
+    d = run(nodes, q, running)
+    assert d.pending == {"top": PendingReason.RESOURCES}  # it will fit once "new" frees up: not unschedulable
+    assert d.reservation is not None
+    assert (d.reservation.job_id, d.reservation.nodes, d.reservation.start_at) == ("top", ("new",), NOW + 500)
+    # A job that needs no driver runs on a node the reservation does not hold.
+    assert _nodes_of(d, "other") <= {"old", "unknown"}
+
+
+def test_backfill_onto_a_reserved_node_still_needs_the_driver() -> None:
+    # "a" (old driver) is reserved for the top job at NOW+1000; 4 of its GPUs are free until then. A
+    # short job would backfill there, but one that needs a newer driver may not: it waits for "b".
+    running = [
+        RunningJob("r", "q", {"a": frozenset(range(4))}, ends_by=NOW + 1000),
+        RunningJob("s", "q", {"b": ALL8}, ends_by=NOW + 5000),
+    ]
+    nodes = [node("a", frozenset(range(4, 8)), driver=OLD_DRIVER), node("b", driver=NEW_DRIVER)]
+    q = [
+        job("top", gpus_per_node=8, priority=9),
+        job("short", time_limit_s=900, min_driver=CUDA_12_4),
+        job("plain", time_limit_s=900),
+    ]
+    d = run(nodes, q, running)
+    assert d.reservation is not None
+    assert (d.reservation.job_id, d.reservation.nodes) == ("top", ("a",))
+    assert d.pending["short"] == PendingReason.RESOURCES
+    assert "short" not in placed(d)
+    assert _nodes_of(d, "plain") == {"a"}  # the same backfill without a driver to meet does run
+
+
+DRIVERS = [None, OLD_DRIVER, CUDA_12_4, NEW_DRIVER, (580, 65, 6)]
+NEEDS = [None, None, (535, 54, 3), CUDA_12_4, (580, 65, 6)]
+
+
+@st.composite
+def driver_scenarios(
+    draw: st.DrawFn,
+) -> tuple[list[NodeView], list[RunningJob], list[JobRequest], dict[str, ProjectLimits], Policy]:
+    nodes, running, queue, projects, policy = draw(scenarios())
+    nodes = [replace(n, driver=draw(st.sampled_from(DRIVERS))) for n in nodes]
+    queue = [replace(j, min_driver=draw(st.sampled_from(NEEDS))) for j in queue]
+    return nodes, running, queue, projects, policy
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(driver_scenarios())
+def test_drivers_are_always_met_and_unschedulable_means_no_compatible_nodes(
+    case: tuple[list[NodeView], list[RunningJob], list[JobRequest], dict[str, ProjectLimits], Policy],
+) -> None:
+    nodes, running, queue, projects, policy = case
+    d = schedule(nodes, running, queue, projects, NOW, policy)
+    by_name = {n.name: n for n in nodes}
+    jobs = {j.id: j for j in queue}
+    assert {p.job_id for p in d.placements} | set(d.pending) == set(jobs)
+    for p in d.placements:
+        assert all(jobs[p.job_id].runs_on(by_name[name].driver) for name in p.allocation)
+    if d.reservation is not None:
+        top = jobs[d.reservation.job_id]
+        assert all(top.runs_on(by_name[name].driver) for name in d.reservation.nodes)
+    for j in queue:
+        # Nodes that could hold one of its ranks with the cluster empty (the views' cpus are totals of 16).
+        able = [
+            n
+            for n in nodes
+            if n.schedulable
+            and j.category in (None, n.category)
+            and n.gpu_count >= j.gpus_per_node
+            and max(n.cpus, n.cpus_free) >= j.cpus_per_node
+            and j.runs_on(n.driver)
+        ]
+        assert (d.pending.get(j.id) == PendingReason.UNSCHEDULABLE) == (len(able) < j.nodes), j
+
+
+def test_a_driver_written_with_fewer_fields_is_the_same_version() -> None:
+    # NVIDIA's CUDA 12.8 driver is "570.26"; an environment that names "570.26.0" must run on it.
+    assert job("j", min_driver=parse_driver("570.26.0")).runs_on(parse_driver("570.26"))

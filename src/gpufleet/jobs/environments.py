@@ -47,9 +47,9 @@ def add(session: Session, clock: Clock, actor: str, spec: EnvironmentIn) -> Envi
         created_by=actor,
         created_at=to_datetime(clock.now()),
     )
-    session.add(env)
     try:
-        with session.begin_nested():
+        with session.begin_nested():  # the row inside the savepoint: a duplicate undoes it alone
+            session.add(env)
             session.flush()
     except IntegrityError:
         raise Conflict(f"environment {spec.name}:{spec.version} exists; add another version") from None

@@ -22,7 +22,7 @@ DriverVersion = tuple[int, ...]  # "550.54.14" -> (550, 54, 14): compared as num
 # CUDA major.minor -> the Linux driver its GA toolkit shipped with (NVIDIA's table, see above).
 TOOLKIT_DRIVER: dict[tuple[int, int], DriverVersion] = {
     (11, 0): (450, 51, 5),
-    (11, 1): (455, 23),
+    (11, 1): (455, 23, 0),
     (11, 2): (460, 27, 3),
     (11, 3): (465, 19, 1),
     (11, 4): (470, 42, 1),
@@ -37,25 +37,31 @@ TOOLKIT_DRIVER: dict[tuple[int, int], DriverVersion] = {
     (12, 4): (550, 54, 14),
     (12, 5): (555, 42, 2),
     (12, 6): (560, 28, 3),
-    (12, 8): (570, 26),
+    (12, 8): (570, 26, 0),
     (12, 9): (575, 51, 3),
     (13, 0): (580, 65, 6),
 }
 
-_DRIVER = re.compile(r"\d{1,4}(\.\d{1,4}){0,2}")
-_CUDA = re.compile(r"(\d{1,2})\.(\d{1,2})(\.\d{1,4})?")
+_DRIVER = re.compile(r"\d{1,4}(\.\d{1,4}){0,2}", re.ASCII)
+_CUDA = re.compile(r"(\d{1,2})\.(\d{1,2})(\.\d{1,4})?", re.ASCII)
 
 
 def parse_driver(text: str) -> DriverVersion:
-    """ "550.54.14" -> (550, 54, 14). InvalidInput for anything else."""
+    """A driver version as three numbers: "550.54.14" -> (550, 54, 14), "570.26" -> (570, 26, 0). Always
+    three, so that tuples compare as versions ((570, 26) would sort before (570, 26, 0)). InvalidInput for
+    anything else."""
     if not _DRIVER.fullmatch(text.strip()):
         raise InvalidInput(f"{text!r} is not an NVIDIA driver version (like 550.54.14)")
-    return tuple(int(part) for part in text.strip().split("."))
+    parts = [int(part) for part in text.strip().split(".")]
+    return tuple(parts + [0] * (3 - len(parts)))
 
 
 def format_driver(version: DriverVersion) -> str:
-    """(550, 54, 14) -> "550.54.14", with the two-digit minor fields NVIDIA writes ("525.60.13", "470.42.01")."""
+    """(550, 54, 14) -> "550.54.14", with the two-digit minor fields NVIDIA writes ("525.60.13", "470.42.01");
+    trailing fields of 0 are left out, as NVIDIA writes it: (570, 26, 0) -> "570.26"."""
     head, *rest = version
+    while rest and rest[-1] == 0:
+        rest.pop()
     return ".".join([str(head), *(f"{part:02d}" for part in rest)])
 
 
