@@ -17,6 +17,7 @@ def _states(head: Head) -> dict[str, str]:
     return {n["name"]: n["state"] for n in head.nodes()}
 
 
+@pytest.mark.alone
 def test_200_nodes_up_in_30s_and_down_in_5s_after_sigkill(heavy: None, head: Head, tmp_path: Path) -> None:
     sim = start_sim(tmp_path, head.url, head.join_token(200), 200)
     try:
@@ -30,9 +31,9 @@ def test_200_nodes_up_in_30s_and_down_in_5s_after_sigkill(heavy: None, head: Hea
     killed_at = time.monotonic()
     took = wait_for(lambda: set(_states(head).values()) == {"down"}, timeout=5, interval=0.1)
     print(f"all 200 down {time.monotonic() - killed_at:.2f}s after SIGKILL ({took:.2f}s polling)")
-    # Up once and down once. On this 2-core machine, with a test running beside it, one node in a hundred may
-    # still be marked down during the storm and come back (the head's event loop shares the CPU with the
-    # joins); before the agent beat from its hello and the head capped its request threads, dozens were.
+    # Up once and down once. On this 2-core machine one node in a hundred may still be marked down during the
+    # storm and come back (the head's event loop shares the CPU with the joins and the 200 agents); before
+    # the agent beat from its hello and the head capped its request threads, dozens were.
     flapped = {}
     for name in _states(head):
         history = [(t["from_state"], t["to_state"]) for t in head.api("GET", f"/api/v1/nodes/{name}")["transitions"]]

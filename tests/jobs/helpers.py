@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -33,27 +34,32 @@ def as_user(name: str) -> submission.Submitter:
     return submission.Submitter(actor=f"user:{name}", user=name, admin=False)
 
 
+def gpu_report(name: str, drivers: Sequence[str | None]) -> NodeInventory:
+    """Node `name`'s inventory: 64 CPUs, 512 GiB, one H200 per entry of `drivers` (its NVIDIA driver)."""
+    return NodeInventory(
+        hostname=f"{name}.cluster",
+        cpus=64,
+        memory_total_mib=512 * 1024,
+        gpu_source="nvml" if drivers else "none",
+        gpus=[
+            GpuInfo(
+                index=i,
+                uuid=f"GPU-{name}-{i}",
+                model="NVIDIA H200",
+                pci_bus_id=f"00000000:{i:02x}:00.0",
+                memory_total_mib=143771,
+                driver_version=driver,
+            )
+            for i, driver in enumerate(drivers)
+        ],
+    )
+
+
 def cluster(sessions: sessionmaker[Session], clock: FakeClock, nodes: int = 2, gpus: int = 8, **labels: str) -> None:
     with transaction(sessions) as s:
         added = inventory.add_nodes(s, clock, [f"n[1-{nodes}]"], NodeSettings(labels=dict(labels)))
         for node in added:
-            report = NodeInventory(
-                hostname=f"{node.name}.cluster",
-                cpus=64,
-                memory_total_mib=512 * 1024,
-                gpu_source="nvml",
-                gpus=[
-                    GpuInfo(
-                        index=i,
-                        uuid=f"GPU-{node.name}-{i}",
-                        model="NVIDIA H200",
-                        pci_bus_id=f"00000000:{i:02x}:00.0",
-                        memory_total_mib=143771,
-                    )
-                    for i in range(gpus)
-                ],
-            )
-            inventory.apply_inventory(s, clock, node, report)
+            inventory.apply_inventory(s, clock, node, gpu_report(node.name, [None] * gpus))
             node.state = NodeState.UP
             node.health = "healthy"
 

@@ -22,8 +22,7 @@ from gpufleet.jobs.environments import SYSTEM_PATH, NodeFit
 from gpufleet.jobs.models import Environment, Job, JobState
 from gpufleet.jobs.schemas import EnvironmentIn
 from gpufleet.jobs.tick import DRIVER_REASON
-from gpufleet.protocol.inventory import GpuInfo, NodeInventory
-from tests.jobs.helpers import job, node_id, ranks, set_node, submit, tick, users
+from tests.jobs.helpers import gpu_report, job, node_id, ranks, set_node, submit, tick, users
 
 OLD = "535.183.01"  # runs CUDA up to 12.2
 NEW = "550.127.05"  # runs CUDA 12.4: 550.127.05 >= 550.54.14 as numbers, though not as text
@@ -36,23 +35,7 @@ def gpu_node(
     """A node, up and healthy, whose GPUs report these drivers (one GPU each); no GPUs: a CPU-only node."""
     with transaction(sessions) as s:
         (node,) = inventory.add_nodes(s, clock, [name], NodeSettings())
-        report = NodeInventory(
-            hostname=f"{name}.cluster",
-            cpus=64,
-            memory_total_mib=512 * 1024,
-            gpu_source="nvml" if drivers else "none",
-            gpus=[
-                GpuInfo(
-                    index=i,
-                    uuid=f"GPU-{name}-{i}",
-                    model="NVIDIA H200",
-                    pci_bus_id=f"00000000:{i:02x}:00.0",
-                    memory_total_mib=143771,
-                    driver_version=driver,
-                )
-                for i, driver in enumerate(drivers)
-            ],
-        )
+        report = gpu_report(name, drivers)
         inventory.apply_inventory(s, clock, node, report)
         node.state = NodeState.UP
         node.health = "healthy"
@@ -370,23 +353,7 @@ def test_a_job_needing_a_driver_no_node_has_waits_and_says_which(
     # Once a node's agent reports a new-enough driver, the next pass runs it there.
     with transaction(fleet) as s:
         node = inventory.get_node(s, "n2")
-        report = NodeInventory(
-            hostname="n2.cluster",
-            cpus=64,
-            memory_total_mib=512 * 1024,
-            gpu_source="nvml",
-            gpus=[
-                GpuInfo(
-                    index=i,
-                    uuid=f"GPU-n2-{i}",
-                    model="NVIDIA H200",
-                    pci_bus_id=f"00000000:{i:02x}:00.0",
-                    memory_total_mib=143771,
-                    driver_version="580.95.05",
-                )
-                for i in range(8)
-            ],
-        )
+        report = gpu_report("n2", ["580.95.05"] * 8)
         inventory.apply_inventory(s, clock, node, report)
     assert tick(fleet, clock).placed == [queued]
     assert [r.node for r in ranks(fleet, queued)] == ["n2"]
