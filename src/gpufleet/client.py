@@ -421,11 +421,13 @@ class HeadClient:
         return result
 
     def show_template(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", f"/api/v1/templates/{quote(name)}")
+        result: dict[str, Any] = self._call("GET", f"/api/v1/templates/{quote(name, safe='')}")
         return result
 
     def render_template(self, name: str, values: dict[str, str]) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", f"/api/v1/templates/{quote(name)}/render", json={"values": values})
+        result: dict[str, Any] = self._call(
+            "POST", f"/api/v1/templates/{quote(name, safe='')}/render", json={"values": values}
+        )
         return result
 
     def update_node_settings(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpufleet.cli.jobs import parse_env, parse_mem, parse_time
+from gpufleet.cli.jobs import parse_mem, parse_pairs, parse_time
 from gpufleet.core.errors import InvalidInput
 
 
@@ -34,8 +34,8 @@ def test_bad_sizes(bad: str) -> None:
 
 
 def test_environment_pairs() -> None:
-    assert parse_env(["A=1", "B=x=y", "EMPTY="]) == {"A": "1", "B": "x=y", "EMPTY": ""}
+    assert parse_pairs(["A=1", "B=x=y", "EMPTY="]) == {"A": "1", "B": "x=y", "EMPTY": ""}
     with pytest.raises(InvalidInput, match="NAME=VALUE"):
-        parse_env(["NOEQUALS"])
+        parse_pairs(["NOEQUALS"])
     with pytest.raises(InvalidInput, match="NAME=VALUE"):
-        parse_env(["=value"])
+        parse_pairs(["=value"])

@@ -128,6 +128,23 @@ def test_a_template_job_is_submitted_with_its_params_and_admins_add_their_own(cl
         assert "train.py --epochs 3" in job["script"]
     finally:
         run_cli(tmp, "job", "cancel", str(job["id"]), server=head.url)
+    # Options given on the command line win; those a template computes from (torchrun's processes per node
+    # are its gpus_per_node) go to it as params, so the command and the resources agree.
+    spec = ("--user", "alice", "--template", "torchrun-ddp", "--set", "script=train.py", "-o", "json")
+    given = ("--gpus-per-node", "4", "--nodes", "1", "--time", "2h", "--export", "NCCL_DEBUG=INFO", "--priority", "0")
+    job = json.loads(run_cli(tmp, "job", "submit", *spec, *given, server=head.url).stdout)
+    try:
+        assert (job["nodes"], job["gpus_per_node"], job["time_limit_s"]) == (1, 4, 7200)
+        assert "--nproc-per-node=4" in job["script"]
+        assert job["env"]["NCCL_DEBUG"] == "INFO"
+    finally:
+        run_cli(tmp, "job", "cancel", str(job["id"]), server=head.url)
+    twice = run_cli(tmp, "job", "submit", *spec, "--set", "gpus_per_node=2", "--gpus-per-node", "4", server=head.url)
+    assert twice.returncode != 0
+    assert "give gpus_per_node once" in twice.stderr
+    old_flag = run_cli(tmp, "job", "submit", "--user", "alice", "--env", "FOO=bar", "--", "true", server=head.url)
+    assert old_flag.returncode != 0
+    assert "--export NAME=VALUE" in old_flag.stderr
     wrong = run_cli(
         tmp, "job", "submit", "--user", "alice", "--template", "torchrun-ddp", "--set", "nodes=two", server=head.url
     )

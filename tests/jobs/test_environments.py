@@ -18,10 +18,11 @@ from gpufleet.inventory import service as inventory
 from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.inventory.states import NodeState
 from gpufleet.jobs import environments
-from gpufleet.jobs.environments import SYSTEM_PATH, NodeFit
+from gpufleet.jobs.environments import NodeFit
 from gpufleet.jobs.models import Environment, Job, JobState
 from gpufleet.jobs.schemas import EnvironmentIn
 from gpufleet.jobs.tick import DRIVER_REASON
+from gpufleet.protocol.jobs import DEFAULT_PATH, MAX_ENV
 from tests.jobs.helpers import gpu_report, job, node_id, ranks, set_node, submit, tick, users
 
 OLD = "535.183.01"  # runs CUDA up to 12.2
@@ -70,7 +71,7 @@ def all_envs(sessions: sessionmaker[Session]) -> list[tuple[str, str | None, str
 
 def fits(sessions: sessionmaker[Session], ref: str) -> list[NodeFit]:
     with transaction(sessions, readonly=True) as s:
-        return environments.check(s, environments.get(s, ref))
+        return environments.check(environments.fleet(s), environments.get(s, ref))
 
 
 def drivers_by_name(sessions: sessionmaker[Session], *names: str) -> dict[str, tuple[int, ...] | None]:
@@ -148,8 +149,9 @@ def test_get_a_version_or_the_last_added(sessions: sessionmaker[Session], clock:
 def test_remove_needs_the_version(sessions: sessionmaker[Session], clock: FakeClock) -> None:
     add_env(sessions, clock, version="24.05")
     add_env(sessions, clock, version="24.06")
-    with transaction(sessions) as s, pytest.raises(InvalidInput, match="pytorch:VERSION"):
-        environments.remove(s, "pytorch")
+    for bare in ("pytorch", "pytorch:"):  # "pytorch:" must not mean "the last added" here
+        with transaction(sessions) as s, pytest.raises(InvalidInput, match="pytorch:VERSION"):
+            environments.remove(s, bare)
     assert len(all_envs(sessions)) == 2
     with transaction(sessions) as s:
         assert environments.remove(s, "pytorch:24.06").ref == "pytorch:24.06"
@@ -226,16 +228,18 @@ def test_check_says_which_nodes_run_it_and_why_not(sessions: sessionmaker[Sessio
     old = found["a-old"]
     assert (old.driver, old.ok) == (OLD, False)
     assert old.reason == "driver 535.183.01, which runs CUDA up to 12.2; CUDA 12.4 needs 550.54.14 or newer"
-    assert found["b-new"] == NodeFit("b-new", NEW, True, "driver 550.127.05 >= 550.54.14")
+    assert found["b-new"] == NodeFit("b-new", NEW, True, True, "driver 550.127.05 >= 550.54.14")
     assert found["c-unknown"] == NodeFit(
-        "c-unknown", None, False, "its NVIDIA driver is not known (no GPU inventory reported)"
+        "c-unknown", None, False, True, "its NVIDIA driver is not known (no GPU inventory reported)"
     )
     assert (found["h-lost"].driver, found["h-lost"].ok) == (None, False)
     drained = found["d-drained"]
-    assert (drained.driver, drained.ok) == (NEW, True)
+    assert (drained.driver, drained.ok, drained.takes_jobs) == (NEW, True, False)
     assert "takes no jobs now" in drained.reason
     assert "drained" in drained.reason
-    assert found["g-down"].ok
+    assert (found["g-down"].ok, found["g-down"].takes_jobs) == (True, False)
+    # What can run it now: b-new alone (d-drained and g-down have the driver but take no jobs).
+    assert environments.runnable(list(found.values())) == 1
     assert "takes no jobs now (down" in found["g-down"].reason
     ancient = found["f-ancient"]
     assert (ancient.driver, ancient.ok) == ("440.33.01", False)
@@ -286,7 +290,7 @@ def test_a_job_in_a_python_environment_gets_its_paths(fleet: sessionmaker[Sessio
     assert queued.env == {
         "GPUFLEET_ENVIRONMENT": "torch:2.4",
         "VIRTUAL_ENV": "/opt/envs/torch-2.4",
-        "PATH": f"/opt/envs/torch-2.4/bin:{SYSTEM_PATH}",
+        "PATH": f"/opt/envs/torch-2.4/bin:{DEFAULT_PATH}",
     }
     # The job's own --export values win, but it cannot claim to run in another environment.
     mine = {"PATH": "/home/alice/bin:/usr/bin", "GPUFLEET_ENVIRONMENT": "other:1", "SEED": "7"}
@@ -357,3 +361,27 @@ def test_a_job_needing_a_driver_no_node_has_waits_and_says_which(
         inventory.apply_inventory(s, clock, node, report)
     assert tick(fleet, clock).placed == [queued]
     assert [r.node for r in ranks(fleet, queued)] == ["n2"]
+
+
+def test_the_environments_variables_count_against_the_limit(fleet: sessionmaker[Session], clock: FakeClock) -> None:
+    """A Python environment adds three variables: a job already at the limit is refused at submit, not when
+    its start message no longer validates at placement."""
+    add_env(fleet, clock, image=None, python_prefix="/opt/envs/torch")
+    variables = {f"V{i}": "x" for i in range(MAX_ENV - 1)}
+    with pytest.raises(InvalidInput, match=f"at most {MAX_ENV}"):
+        submit(fleet, clock, argv=["train"], user="alice", environment="pytorch", env=variables)
+    assert count_jobs(fleet) == 0
+
+
+def test_a_job_that_fits_nowhere_for_another_reason_is_not_blamed_on_the_driver(
+    fleet: sessionmaker[Session], clock: FakeClock
+) -> None:
+    add_env(fleet, clock)
+    queued = submit(fleet, clock, argv=["train"], user="alice", environment="pytorch", gpus_per_node=8, nodes=2)
+    tick(fleet, clock)
+    assert job(fleet, queued).reason.startswith("unschedulable")
+    assert "driver" in job(fleet, queued).reason  # two nodes are up: only the driver keeps it off n1
+    set_node(fleet, "n1", drained_at=to_datetime(clock.now()))
+    tick(fleet, clock)
+    assert job(fleet, queued).reason.startswith("unschedulable")
+    assert "driver" not in job(fleet, queued).reason  # one node takes jobs: whatever the driver, no pair

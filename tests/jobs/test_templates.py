@@ -117,7 +117,7 @@ def test_argv_templates_substitute_verbatim(builtin: dict[str, Template]) -> Non
 
 def test_durations_and_bools_convert(builtin: dict[str, Template]) -> None:
     assert builtin["notebook"].render({})["time_limit_s"] == 4 * 3600
-    job = builtin["notebook"].render({"time": "90m", "port": "9999", "gpus": "0"})
+    job = builtin["notebook"].render({"time": "90m", "port": "9999", "gpus_per_node": "0"})
     assert (job["time_limit_s"], job["gpus_per_node"]) == (5400, 0)
     assert "--port=9999" in job["argv"]  # type: ignore[operator]
     assert builtin["inference-service"].render({"model": "m"})["requeue"] is True

@@ -9,6 +9,7 @@ import typer
 
 from gpufleet.cli.output import Format, OutputOpt, print_json, table
 from gpufleet.cli.state import state
+from gpufleet.core.errors import InvalidInput
 
 app = typer.Typer(
     help="Runtime environments: container images or Python environments with the CUDA and frameworks they carry.",
@@ -74,6 +75,8 @@ def add(
 ) -> None:
     """Add an environment: a container image (--image) or a Python environment on the nodes (--python)."""
     name, _, version = ref.partition(":")
+    if not version:
+        raise InvalidInput(f"give the version too, NAME:VERSION, e.g. {name or 'pytorch'}:24.05")
     body = {
         "name": name,
         "version": version,
@@ -109,8 +112,14 @@ def check(ctx: typer.Context, ref: Ref, output: Format = OutputOpt) -> None:
         print_json(found)
     else:
         env = found["environment"]
-        rows = [fit | {"can": "yes" if fit["ok"] else "no"} for fit in found["nodes"]]
+        rows = [fit | {"can": _can(fit)} for fit in found["nodes"]]
         title = f"{env['ref']} needs NVIDIA driver {env['min_driver']}: {env['compatible_nodes']} of {len(rows)} can"
         table(rows, [("node", "Node"), ("driver", "Driver"), ("can", "Can run"), ("reason", "Why")], title=title)
-    if not any(fit["ok"] for fit in found["nodes"]):
+    if not any(fit["ok"] and fit["takes_jobs"] for fit in found["nodes"]):
         raise typer.Exit(1)
+
+
+def _can(fit: dict[str, Any]) -> str:
+    if not fit["ok"]:
+        return "no"
+    return "yes" if fit["takes_jobs"] else "not now"

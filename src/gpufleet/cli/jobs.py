@@ -15,6 +15,7 @@ import typer
 
 from gpufleet.cli.output import Format, OutputOpt, fields, print_json, table
 from gpufleet.cli.state import state
+from gpufleet.client import HeadClient
 from gpufleet.core.durations import parse_duration
 from gpufleet.core.errors import InvalidInput
 from gpufleet.core.hostlist import collect
@@ -87,14 +88,15 @@ def parse_time(text: str) -> int:
     return parse_duration(text)
 
 
-def parse_env(pairs: list[str]) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
+def parse_pairs(items: list[str], option: str = "--export") -> dict[str, str]:
+    """NAME=VALUE items of a repeatable option, as a dict."""
+    found = {}
+    for pair in items:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise InvalidInput(f"invalid --export {pair!r}: use NAME=VALUE")
-        env[name] = value
-    return env
+            raise InvalidInput(f"invalid {option} {pair!r}: use NAME=VALUE")
+        found[name] = value
+    return found
 
 
 def _elapsed(job: dict[str, Any]) -> str:
@@ -171,6 +173,8 @@ def submit(
         raise InvalidInput(f"unknown option {argv[0]}; put the command after --")
     if set_ and template is None:
         raise InvalidInput("--set gives a template's params: name the template with --template")
+    if environment is not None and "=" in environment:
+        raise InvalidInput("--env names a runtime environment, NAME[:VERSION]; variables are --export NAME=VALUE")
     body: dict[str, Any] = {
         "name": name,
         "project": project,
@@ -183,7 +187,7 @@ def submit(
         "priority": priority,
         "argv": argv,
         "script": _read_script(script) if script else None,
-        "env": parse_env(export or []),
+        "env": parse_pairs(export or []),
         "workdir": workdir,
         "container": container,
         "category": category,
@@ -194,7 +198,8 @@ def submit(
     if template is not None:
         if argv or script:
             raise InvalidInput(f"template {template} gives the command: leave out the command and --script")
-        body = _over_template(client.render_template(template, _values(set_ or [])), body)
+        given = {key for param, key in _OPTION_KEYS.items() if _typed(ctx, param)}
+        body = _from_template(client, template, parse_pairs(set_ or [], "--set"), body, given, ctx)
     job = client.submit_job(body)
     if output is Format.json:
         print_json(job)
@@ -202,32 +207,46 @@ def submit(
         typer.echo(f"submitted job {job['id']} ({job['state']}: {job['reason']})")
 
 
-def _values(pairs: list[str]) -> dict[str, str]:
-    values = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise InvalidInput(f"invalid --set {pair!r}: use NAME=VALUE")
-        values[name] = value
-    return values
-
-
-# What `job submit` sends when an option is left out; a template's value stands unless the option was given.
-_UNSET: dict[str, Any] = {
-    "name": "", "project": None, "user": None, "nodes": 1, "gpus_per_node": 1, "cpus_per_node": 0,
-    "mem_per_node_mib": 0, "time_limit_s": None, "priority": 0, "argv": [], "script": None, "env": {},
-    "workdir": None, "container": None, "category": None, "requeue": False, "environment": None,
+# `job submit`'s parameters and the job field each sets.
+_OPTION_KEYS = {
+    "project": "project", "user": "user", "name": "name", "nodes": "nodes", "gpus_per_node": "gpus_per_node",
+    "cpus": "cpus_per_node", "mem": "mem_per_node_mib", "time_limit": "time_limit_s", "priority": "priority",
+    "container": "container", "export": "env", "workdir": "workdir", "category": "category",
+    "requeue": "requeue", "environment": "environment",
 }  # fmt: skip
+# Job fields a template may compute from a param of its own (torchrun's --nproc-per-node is its
+# gpus_per_node): an option for one of them goes to the template as that param, so that the command and
+# the resources still agree.
+_AS_PARAM = {"nodes": "nodes", "gpus_per_node": "gpus_per_node", "time_limit_s": "time"}
 
 
-def _over_template(rendered: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    """The template's job spec with the options the user gave on top (variables merged)."""
-    body = dict(rendered)
+def _typed(ctx: typer.Context, param: str) -> bool:
+    """Whether the user gave option `param` on the command line (not merely its default)."""
+    source = ctx.get_parameter_source(param)  # Typer's own click: compared by name, not by its private class
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def _from_template(
+    client: HeadClient,
+    template: str,
+    values: dict[str, str],
+    options: dict[str, Any],
+    given: set[str],
+    ctx: typer.Context,
+) -> dict[str, Any]:
+    """Template `template`'s job for `values`, with the options the user gave on top (variables merged)."""
+    params = {p["name"] for p in client.show_template(template)["params"]}
+    for key, param in _AS_PARAM.items():
+        if key in given and param in params:
+            raw = ctx.params["time_limit"] if key == "time_limit_s" else str(options[key])
+            if values.setdefault(param, raw) != raw:
+                raise InvalidInput(f"give {param} once: --set {param}=... or its option, not both")
+            given.discard(key)
+    body = client.render_template(template, values)
+    for key in given:
+        body[key] = {**body.get("env", {}), **options["env"]} if key == "env" else options[key]
     for key, value in options.items():
-        if key == "env":
-            body["env"] = {**rendered.get("env", {}), **value}
-        elif value != _UNSET[key] or key not in body:
-            body[key] = value
+        body.setdefault(key, value)
     return body
 
 

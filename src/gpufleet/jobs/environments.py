@@ -23,9 +23,7 @@ from gpufleet.jobs.models import Environment
 from gpufleet.jobs.scheduler import node_schedulable
 from gpufleet.jobs.schemas import EnvironmentIn
 from gpufleet.protocol.cuda import DriverVersion, driver_for_cuda, format_driver, newest_cuda, parse_driver
-
-# What a job in a Python environment gets: the environment's bin first, then the usual system PATH.
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+from gpufleet.protocol.jobs import DEFAULT_PATH
 
 
 def add(session: Session, clock: Clock, actor: str, spec: EnvironmentIn) -> Environment:
@@ -75,8 +73,9 @@ def get(session: Session, ref: str) -> Environment:
 def remove(session: Session, ref: str) -> Environment:
     """Remove one version (`name:version`; a bare name is refused, so one call never removes the wrong
     one). Queued jobs keep what they copied at submission."""
-    if ":" not in ref:
-        raise InvalidInput(f"name the version to remove: {ref}:VERSION")
+    name, _, version = ref.partition(":")
+    if not version:
+        raise InvalidInput(f"name the version to remove: {name}:VERSION")
     env = get(session, ref)
     session.delete(env)
     return env
@@ -86,7 +85,7 @@ def job_settings(env: Environment) -> tuple[str | None, dict[str, str]]:
     """The container and environment variables a job in `env` runs with."""
     variables = {"GPUFLEET_ENVIRONMENT": env.ref}
     if env.python_prefix is not None:
-        variables |= {"VIRTUAL_ENV": env.python_prefix, "PATH": f"{env.python_prefix}/bin:{SYSTEM_PATH}"}
+        variables |= {"VIRTUAL_ENV": env.python_prefix, "PATH": f"{env.python_prefix}/bin:{DEFAULT_PATH}"}
     return env.image, variables
 
 
@@ -107,36 +106,58 @@ def node_drivers(session: Session) -> dict[int, DriverVersion]:
 class NodeFit:
     node: str
     driver: str | None
-    ok: bool
+    ok: bool  # its driver runs the environment
+    takes_jobs: bool  # and it takes jobs now (up, not drained, not failed)
     reason: str
 
 
-def check(session: Session, env: Environment) -> list[NodeFit]:
-    """Every node with GPUs, whether it can run jobs in `env`, and why not."""
-    needed = parse_driver(env.min_driver)
-    drivers = node_drivers(session)
+@dataclass(frozen=True)
+class Fleet:
+    """What `check` needs of every node, read once for any number of environments."""
+
+    drivers: dict[int, DriverVersion]
+    gpus: dict[int, int]
+    nodes: list[tuple[int, str, bool, str]]  # id, name, takes jobs, why not
+
+
+def fleet(session: Session) -> Fleet:
     gpus: dict[int, int] = defaultdict(int)
     for node_id in session.scalars(select(Gpu.node_id)):
         gpus[node_id] += 1
     rows = session.execute(
         select(Node.id, Node.name, Node.state, Node.health, Node.drained_at, Node.expected_gpus).order_by(Node.name)
     )
-    fits = []
+    nodes = []
     for node_id, name, state, health, drained_at, expected in rows:
         if not gpus.get(node_id) and not expected:
             continue  # a CPU-only node runs no GPU environment: not worth a line
-        driver = drivers.get(node_id)
+        takes = node_schedulable(state.value, health, drained_at is not None)
+        why = "drained" if drained_at is not None else f"{state.value}, health {health}"
+        nodes.append((node_id, name, takes, why))
+    return Fleet(node_drivers(session), gpus, nodes)
+
+
+def check(known: Fleet, env: Environment) -> list[NodeFit]:
+    """Every node with GPUs, whether its driver runs `env` and whether it takes jobs now, and why not."""
+    needed = parse_driver(env.min_driver)
+    fits = []
+    for node_id, name, takes, why in known.nodes:
+        driver = known.drivers.get(node_id)
         shown = format_driver(driver) if driver is not None else None
         if driver is None:
-            fits.append(NodeFit(name, None, False, "its NVIDIA driver is not known (no GPU inventory reported)"))
+            fits.append(NodeFit(name, None, False, takes, "its NVIDIA driver is not known (no GPU inventory reported)"))
         elif driver < needed:
-            fits.append(NodeFit(name, shown, False, _too_old(driver, env)))
-        elif not node_schedulable(state.value, health, drained_at is not None):
-            why = "drained" if drained_at is not None else f"{state.value}, health {health}"
-            fits.append(NodeFit(name, shown, True, f"driver fits, but the node takes no jobs now ({why})"))
+            fits.append(NodeFit(name, shown, False, takes, _too_old(driver, env)))
+        elif not takes:
+            fits.append(NodeFit(name, shown, True, False, f"driver fits, but the node takes no jobs now ({why})"))
         else:
-            fits.append(NodeFit(name, shown, True, f"driver {shown} >= {env.min_driver}"))
+            fits.append(NodeFit(name, shown, True, True, f"driver {shown} >= {env.min_driver}"))
     return fits
+
+
+def runnable(fits: list[NodeFit]) -> int:
+    """How many nodes can run the environment now: driver new enough, and taking jobs."""
+    return sum(1 for fit in fits if fit.ok and fit.takes_jobs)
 
 
 def _too_old(driver: DriverVersion, env: Environment) -> str:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpufleet.protocol.cuda import DriverVersion
@@ -164,6 +164,15 @@ class Decisions:
     placements: list[Placement]
     pending: dict[str, PendingReason]
     reservation: Reservation | None = None
+
+
+def blocked_by_driver(nodes: Sequence[NodeView], job: JobRequest) -> bool:
+    """Whether `job` is unschedulable only for its driver: it would fit on the schedulable nodes, empty,
+    were its environment's driver need dropped (so its reason can name the driver, and only then)."""
+    if job.min_driver is None:
+        return False
+    probe = _Pass(nodes, (), Policy())
+    return not probe.can_ever_fit(job) and probe.can_ever_fit(replace(job, min_driver=None))
 
 
 def decay(usage: float, elapsed_s: float, half_life_s: float) -> float:

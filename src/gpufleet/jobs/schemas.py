@@ -209,13 +209,14 @@ class EnvironmentOut(BaseModel):
     description: str
     created_by: str
     created_at: datetime
-    compatible_nodes: int | None = None  # in listings: how many nodes can run it now
+    compatible_nodes: int | None = None  # how many nodes can run it now: driver new enough, taking jobs
 
 
 class NodeFitOut(BaseModel):
     node: str
     driver: str | None
-    ok: bool
+    ok: bool = Field(description="its driver runs the environment")
+    takes_jobs: bool = Field(description="it takes jobs now: up, not drained, not failed")
     reason: str
 
 

@@ -23,6 +23,7 @@ from gpufleet.inventory.models import Node
 from gpufleet.jobs import environments
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.jobs.schemas import JobSubmit
+from gpufleet.protocol.jobs import MAX_ENV
 
 NAME_CHARS = 128  # Job.name and the job_start message's name
 
@@ -53,6 +54,10 @@ def submit(
         container = image or container
         variables = settings | variables  # the job's own values win, but for which environment it ran in
         variables["GPUFLEET_ENVIRONMENT"] = env.ref
+        if len(variables) > MAX_ENV:
+            raise InvalidInput(
+                f"the job has {len(variables)} variables with environment {env.ref}'s; at most {MAX_ENV}"
+            )
     if backend == "slurm" and container:
         raise InvalidInput(
             "containers are not run through Slurm by gpufleet (Slurm needs pyxis/enroot for images); "

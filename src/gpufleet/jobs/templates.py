@@ -168,6 +168,11 @@ class Template:
     job: Mapping[str, object]  # the [job] table as written, placeholders checked
     source: Path
 
+    @property
+    def origin(self) -> str:
+        """ "built-in", or "admin" for a file of the admins' own directory."""
+        return "built-in" if self.source.parent == BUILTIN_DIR else "admin"
+
     def render(self, values: Mapping[str, str]) -> dict[str, object]:
         """The job spec for these `--set` values, validated as a JobSubmit and returned as its fields
         (those the template sets). Raises InvalidInput for unknown, malformed or missing values."""
@@ -220,14 +225,17 @@ def load_templates(admin_dirs: Sequence[Path] = ()) -> tuple[dict[str, Template]
     templates: dict[str, Template] = {}
     problems: list[str] = []
     for directory in (BUILTIN_DIR, *admin_dirs):
-        if not directory.exists():
-            continue
         try:
+            if not directory.exists():
+                continue
             paths = sorted(p for p in directory.iterdir() if p.suffix == ".toml")
         except OSError as exc:
             problems.append(f"{directory}: cannot list it: {exc.strerror or exc}")
             continue
         for path in paths:
+            if not path.is_file():  # a FIFO would block the reading thread; a directory is no template
+                problems.append(f"{path}: not a regular file")
+                continue
             try:
                 template = load_template(path)
             except InvalidInput as exc:

@@ -40,6 +40,7 @@ from gpufleet.jobs.scheduler import (
     Placement,
     Policy,
     RunningJob,
+    blocked_by_driver,
     node_schedulable,
     schedule,
 )
@@ -151,6 +152,7 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
     ]
     stored = {str(row[0]): row[-1] for row in rows}
     drivers = {str(row[0]): row[-2] for row in rows if row[-2]}
+    by_id = {job.id: job for job in queue}
     held = lifecycle.held_ranks(session)
     views, gpu_ids = _nodes(session, held)
     limits = accounting.project_limits(session, now, settings.half_life_s)
@@ -158,7 +160,7 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
     reasons: dict[str, list[int]] = defaultdict(list)
     for job_id, why in decisions.pending.items():
         text = REASONS[why]
-        if why is PendingReason.UNSCHEDULABLE and job_id in drivers:
+        if why is PendingReason.UNSCHEDULABLE and job_id in drivers and blocked_by_driver(views, by_id[job_id]):
             text = DRIVER_REASON.format(driver=drivers[job_id])
         if stored[job_id] != text:  # unchanged reasons are not written
             reasons[text].append(int(job_id))

@@ -204,7 +204,7 @@ class SimulatedNvml:
         self.node_name = node_name
         self.model = MODELS[gpu_model]
         self.driver_version = driver_version
-        self.cuda_driver_version = CUDA_DRIVER_VERSION if driver_version == DRIVER_VERSION else _cuda_of(driver_version)
+        self.cuda_driver_version = _cuda_of(driver_version)
         self._clock = clock
         self._rng = random.Random(zlib.crc32(node_name.encode()) if seed is None else seed)
         self._init_count = 0

@@ -12,28 +12,29 @@ from fastapi.responses import HTMLResponse, Response
 
 from gpufleet.api.dashboard.pages import View, render
 from gpufleet.api.deps import Ctx
-from gpufleet.api.routers.templates import admin_dir
+from gpufleet.api.routers.templates import load as load_templates
 from gpufleet.auth.policy import Permission
-from gpufleet.jobs import environments, templates
+from gpufleet.jobs import environments
 
 router = APIRouter(include_in_schema=False)
 
 
 def environments_view(view: View, ctx: Ctx) -> dict[str, Any]:
     rows = []
+    known = environments.fleet(view.session)
     for env in environments.listing(view.session):
-        fits = environments.check(view.session, env)
+        fits = environments.check(known, env)
         # The nodes that cannot run it, grouped by why (one line per driver, not one per node).
         blocked: dict[str, list[str]] = defaultdict(list)
         for fit in fits:
-            if not fit.ok:
+            if not (fit.ok and fit.takes_jobs):
                 blocked[fit.reason].append(fit.node)
-        rows.append({"env": env, "total": len(fits), "compatible": sum(f.ok for f in fits), "blocked": blocked})
-    loaded, problems = templates.load_templates([admin_dir(ctx.settings)])
+        rows.append({"env": env, "total": len(fits), "compatible": environments.runnable(fits), "blocked": blocked})
+    loaded, problems = load_templates(ctx.settings)
     offered = [
         {
             "template": t,
-            "origin": "built-in" if t.source.parent == templates.BUILTIN_DIR else "admin",
+            "origin": t.origin,
             "params": [p.name + ("" if p.required else "?") for p in t.params.values()],
         }
         for t in sorted(loaded.values(), key=lambda t: t.name)

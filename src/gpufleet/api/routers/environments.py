@@ -9,28 +9,28 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Request
-from sqlalchemy.orm import Session
 
 from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.jobs import environments
+from gpufleet.jobs.environments import NodeFit
 from gpufleet.jobs.models import Environment
 from gpufleet.jobs.schemas import EnvironmentCheck, EnvironmentIn, EnvironmentOut, NodeFitOut
 
 router = APIRouter(tags=["environments"])
 
 
-def _out(session: Session, env: Environment) -> EnvironmentOut:
-    compatible = sum(1 for fit in environments.check(session, env) if fit.ok)
-    return EnvironmentOut.model_validate(env).model_copy(update={"compatible_nodes": compatible})
+def _out(env: Environment, fits: list[NodeFit]) -> EnvironmentOut:
+    return EnvironmentOut.model_validate(env).model_copy(update={"compatible_nodes": environments.runnable(fits)})
 
 
 @router.get("/environments")
 def list_environments(_: Annotated[Principal, allow(Permission.JOBS_READ)], ctx: Ctx) -> list[EnvironmentOut]:
     """Every environment, with how many nodes have a driver that runs it."""
     with tx(ctx, readonly=True) as db:
-        return [_out(db, env) for env in environments.listing(db)]
+        known = environments.fleet(db)
+        return [_out(env, environments.check(known, env)) for env in environments.listing(db)]
 
 
 @router.post("/environments", status_code=201)
@@ -42,14 +42,16 @@ def add_environment(
 ) -> EnvironmentOut:
     request.state.audit_target = f"environment {body.name}:{body.version}"
     with tx(ctx) as db:
-        return _out(db, environments.add(db, ctx.clock, who.actor, body))
+        env = environments.add(db, ctx.clock, who.actor, body)
+        return _out(env, environments.check(environments.fleet(db), env))
 
 
 @router.get("/environments/{ref}")
 def show_environment(ref: str, _: Annotated[Principal, allow(Permission.JOBS_READ)], ctx: Ctx) -> EnvironmentOut:
     """`name:version`, or `name` for the version added last."""
     with tx(ctx, readonly=True) as db:
-        return _out(db, environments.get(db, ref))
+        env = environments.get(db, ref)
+        return _out(env, environments.check(environments.fleet(db), env))
 
 
 @router.get("/environments/{ref}/check")
@@ -57,9 +59,8 @@ def check_environment(ref: str, _: Annotated[Principal, allow(Permission.JOBS_RE
     """Every GPU node: whether its driver runs the environment, and why not."""
     with tx(ctx, readonly=True) as db:
         env = environments.get(db, ref)
-        fits = environments.check(db, env)
-        out = EnvironmentOut.model_validate(env).model_copy(update={"compatible_nodes": sum(f.ok for f in fits)})
-        return EnvironmentCheck(environment=out, nodes=[NodeFitOut(**vars(f)) for f in fits])
+        fits = environments.check(environments.fleet(db), env)
+        return EnvironmentCheck(environment=_out(env, fits), nodes=[NodeFitOut(**vars(f)) for f in fits])
 
 
 @router.delete("/environments/{ref}", status_code=204)

@@ -59,8 +59,16 @@ def admin_dir(settings: Settings) -> Path:
     return settings.job_templates_dir or settings.data_dir / "job-templates"
 
 
+def load(settings: Settings) -> tuple[dict[str, Template], list[str]]:
+    """The templates, and the problems of those that did not load, naming files without the head's
+    directories (every `jobs:read` user sees them)."""
+    directory = admin_dir(settings)
+    loaded, problems = templates.load_templates([directory])
+    return loaded, [p.replace(f"{directory}/", "").replace(f"{templates.BUILTIN_DIR}/", "") for p in problems]
+
+
 def _load(ctx: Ctx) -> tuple[dict[str, Template], list[str]]:
-    return templates.load_templates([admin_dir(ctx.settings)])
+    return load(ctx.settings)
 
 
 def _out(found: Template) -> TemplateOut:
@@ -77,9 +85,8 @@ def _out(found: Template) -> TemplateOut:
         )
         for p in found.params.values()
     ]
-    origin = "built-in" if found.source.parent == templates.BUILTIN_DIR else "admin"
     job = dict(found.job)
-    return TemplateOut(name=found.name, description=found.description, origin=origin, params=params, job=job)
+    return TemplateOut(name=found.name, description=found.description, origin=found.origin, params=params, job=job)
 
 
 def _one(ctx: Ctx, name: str) -> Template:
