@@ -84,7 +84,8 @@ def test_journal_json_lines_are_read_by_their_message() -> None:
 
 def test_a_year_less_syslog_date_in_the_future_is_last_year() -> None:
     tomorrow_next_year = datetime.now(UTC).replace(year=datetime.now(UTC).year + 1)
-    stamp = tomorrow_next_year.strftime("%b %d %H:%M:%S").replace(" 0", "  ")
+    t = tomorrow_next_year  # syslog pads the day with a space ("Dec  1"), never the hour
+    stamp = f"{t:%b} {t.day:2d} {t:%H:%M:%S}"
     epoch, _, _ = frame(f"{stamp} host kernel: hello")
     assert epoch is not None
     assert datetime.fromtimestamp(epoch, UTC).year == datetime.now(UTC).year  # never in the future
