@@ -166,13 +166,18 @@ class Decisions:
     reservation: Reservation | None = None
 
 
-def blocked_by_driver(nodes: Sequence[NodeView], job: JobRequest) -> bool:
-    """Whether `job` is unschedulable only for its driver: it would fit on the schedulable nodes, empty,
-    were its environment's driver need dropped (so its reason can name the driver, and only then)."""
-    if job.min_driver is None:
-        return False
+def blocked_by_driver(nodes: Sequence[NodeView], jobs: Iterable[JobRequest]) -> set[str]:
+    """The ids of `jobs` unschedulable only for their driver: each would fit on the schedulable nodes, empty,
+    were its environment's driver need dropped (so its reason can name the driver, and only then). One
+    probe for them all: its fit cache is per shape, so a queue of such jobs costs one node scan per shape."""
     probe = _Pass(nodes, (), Policy())
-    return not probe.can_ever_fit(job) and probe.can_ever_fit(replace(job, min_driver=None))
+    return {
+        job.id
+        for job in jobs
+        if job.min_driver is not None
+        and not probe.can_ever_fit(job)
+        and probe.can_ever_fit(replace(job, min_driver=None))
+    }
 
 
 def decay(usage: float, elapsed_s: float, half_life_s: float) -> float:

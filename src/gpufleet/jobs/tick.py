@@ -158,9 +158,11 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
     limits = accounting.project_limits(session, now, settings.half_life_s)
     decisions = schedule(views, _running(held, now), queue, limits, now, settings.policy)
     reasons: dict[str, list[int]] = defaultdict(list)
+    unschedulable = [by_id[i] for i, why in decisions.pending.items() if why is PendingReason.UNSCHEDULABLE]
+    for_driver = blocked_by_driver(views, (job for job in unschedulable if job.id in drivers))
     for job_id, why in decisions.pending.items():
         text = REASONS[why]
-        if why is PendingReason.UNSCHEDULABLE and job_id in drivers and blocked_by_driver(views, by_id[job_id]):
+        if job_id in for_driver:
             text = DRIVER_REASON.format(driver=drivers[job_id])
         if stored[job_id] != text:  # unchanged reasons are not written
             reasons[text].append(int(job_id))

@@ -67,10 +67,6 @@ def load(settings: Settings) -> tuple[dict[str, Template], list[str]]:
     return loaded, [p.replace(f"{directory}/", "").replace(f"{templates.BUILTIN_DIR}/", "") for p in problems]
 
 
-def _load(ctx: Ctx) -> tuple[dict[str, Template], list[str]]:
-    return load(ctx.settings)
-
-
 def _out(found: Template) -> TemplateOut:
     params = [
         ParamOut(
@@ -90,7 +86,7 @@ def _out(found: Template) -> TemplateOut:
 
 
 def _one(ctx: Ctx, name: str) -> Template:
-    loaded, _ = _load(ctx)
+    loaded, _ = load(ctx.settings)
     if name not in loaded:
         raise NotFound(f"no job template {name} (gpufleet template list shows them)")
     return loaded[name]
@@ -98,7 +94,7 @@ def _one(ctx: Ctx, name: str) -> Template:
 
 @router.get("/templates")
 def list_templates(_: Read, ctx: Ctx) -> TemplateList:
-    loaded, problems = _load(ctx)
+    loaded, problems = load(ctx.settings)
     return TemplateList(templates=[_out(t) for t in sorted(loaded.values(), key=lambda t: t.name)], problems=problems)
 
 
