@@ -416,6 +416,21 @@ class HeadClient:
     def remove_environment(self, ref: str) -> None:
         self._call("DELETE", f"/api/v1/environments/{quote(ref, safe=':')}")
 
+    def register_artifact(self, kinds: str, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/{kinds}", json=body)
+        return result
+
+    def list_artifacts(self, kinds: str) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", f"/api/v1/{kinds}")
+        return result
+
+    def show_artifact(self, kinds: str, ref: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/{kinds}/{quote(ref, safe=':')}")
+        return result
+
+    def remove_artifact(self, kinds: str, ref: str) -> None:
+        self._call("DELETE", f"/api/v1/{kinds}/{quote(ref, safe=':')}")
+
     def list_templates(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", "/api/v1/templates")
         return result

@@ -8,6 +8,7 @@ import functools
 import httpx
 
 from gpufleet.agent.accounts import AccountSync
+from gpufleet.agent.artifacts import ArtifactCache
 from gpufleet.agent.checks.runner import HostChecks
 from gpufleet.agent.credentials import CredentialStore
 from gpufleet.agent.daemon import Agent, AgentOptions, with_retry
@@ -68,6 +69,7 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
         executor = ProcessExecutor.on_this_node(
             settings.job_spool_dir, settings.job_kill_grace_s, settings.job_podman_env, settings.job_min_uid
         )
+        cache = ArtifactCache(settings.artifact_cache_dir, int(settings.artifact_cache_gb * 1e9))
         # Job processes left by an agent that died (they run in their own session and cgroup): killed
         # before the first job_held tells the head this node holds nothing, so their GPUs are truly free.
         await executor.reap_leftovers()
@@ -91,7 +93,7 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
                 metrics_interval_s=settings.metrics_interval_s,
                 checks=checks,
                 checks_interval_s=settings.checks_interval_s,
-                jobs=JobSupervisor(executor),
+                jobs=JobSupervisor(executor, cache=cache),
                 software=(
                     functools.partial(collect_software, pip_envs=settings.software_pip_envs)
                     if settings.software_report

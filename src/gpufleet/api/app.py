@@ -26,6 +26,7 @@ from gpufleet.api.limits import BodySizeLimit
 from gpufleet.api.routers import (
     agent,
     ansible,
+    artifacts,
     audit_log,
     categories,
     environments,
@@ -133,6 +134,8 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     slurm_accounts.router,
     task_routes.router,
     environments.router,
+    artifacts.models,
+    artifacts.datasets,
     templates.router,
     power_routes.router,
     image_routes.router,

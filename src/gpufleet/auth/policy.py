@@ -39,6 +39,9 @@ class Permission(enum.StrEnum):
     JOBS_SUBMIT = "jobs:submit"  # submit jobs as oneself to one's projects, cancel one's own, read their output
     JOBS_ADMIN = "jobs:admin"  # any user's jobs: submit as them, cancel, raise priority, read output
     ENVIRONMENTS_WRITE = "environments:write"  # add and remove runtime environments (reading needs jobs:read)
+    ARTIFACTS_WRITE = "artifacts:write"  # register and remove models and datasets (reading needs jobs:read)
+    SERVICES_WRITE = "services:write"  # create, scale, update, delete inference services in one's projects
+    SERVICES_USE = "services:use"  # call an inference service through the head (/services/NAME/...)
     AGENT_REPORT = "agent:report"  # a node reporting about itself
     ASSETS_READ = "assets:read"  # installed software, advisories and findings: which nodes are vulnerable
     CVE_WRITE = "cve:write"  # import advisories, set a finding's status (accepted risk, mitigated, ...)
@@ -77,6 +80,9 @@ POLICY: dict[Role, frozenset[Permission]] = {
         Permission.ALERTS_WRITE,
         Permission.JOBS_SUBMIT,
         Permission.ENVIRONMENTS_WRITE,
+        Permission.ARTIFACTS_WRITE,
+        Permission.SERVICES_WRITE,
+        Permission.SERVICES_USE,
         Permission.ASSETS_READ,
         Permission.CVE_WRITE,
         Permission.IMAGES_READ,
@@ -84,7 +90,7 @@ POLICY: dict[Role, frozenset[Permission]] = {
         Permission.POWER_READ,
         Permission.POWER_WRITE,
     },
-    Role.MEMBER: _READ_CLUSTER | {Permission.JOBS_SUBMIT},
+    Role.MEMBER: _READ_CLUSTER | {Permission.JOBS_SUBMIT, Permission.SERVICES_WRITE, Permission.SERVICES_USE},
     Role.VIEWER: _READ_CLUSTER,
     Role.NODE: frozenset({Permission.AGENT_REPORT}),
 }

@@ -10,6 +10,7 @@ import typer
 from gpufleet import __version__
 from gpufleet.cli import (
     ansible,
+    artifacts,
     assets,
     audit,
     categories,
@@ -88,6 +89,8 @@ nodes.app.command("set-mac")(provision.set_mac)
 app.add_typer(categories.app, name="category")
 app.add_typer(environments.app, name="env")
 app.add_typer(templates.app, name="template")
+app.add_typer(artifacts.models, name="model")
+app.add_typer(artifacts.datasets, name="dataset")
 nodes.app.command("set")(categories.node_set)
 nodes.app.command("unset")(categories.node_unset)
 slurm.app.add_typer(slurm_accounts.app, name="accounts")

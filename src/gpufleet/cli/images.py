@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gpufleet.cli.output import Format, OutputOpt, fields, print_json, table
+from gpufleet.cli.output import Format, OutputOpt, fields, print_json, size_mb, table
 from gpufleet.cli.state import state
 from gpufleet.cli.tasks import follow
 from gpufleet.client import HeadClient
@@ -17,10 +17,6 @@ app = typer.Typer(help="Software images and bringing nodes in line with them (im
 
 DryRun = Annotated[bool, typer.Option("--dry-run", help="print the programs that would run; run nothing")]
 SHOWN_CHANGES = 50  # per node in a dry run's table output; -o json has all the head kept
-
-
-def _size(value: Any) -> str:
-    return "" if value is None else f"{value / 1e6:,.1f} MB"
 
 
 def _plan(client: HeadClient, spec: dict[str, Any], output: Format) -> None:
@@ -69,7 +65,7 @@ def list_(ctx: typer.Context, output: Format = OutputOpt) -> None:
         print_json(rows)
         return
     for row in rows:
-        row["size"] = _size(row["bytes"])
+        row["size"] = size_mb(row["bytes"])
         row["used"] = ", ".join(row["used_by"])
     table(
         rows,
@@ -92,7 +88,7 @@ def show(ctx: typer.Context, name: Annotated[str, typer.Argument()], output: For
     if output is Format.json:
         print_json(image)
         return
-    image["size"] = _size(image["bytes"])
+    image["size"] = size_mb(image["bytes"])
     image["used"] = ", ".join(image["used_by"]) or "-"
     image["exclude"] = ", ".join(image["excludes"]) or "-"
     fields(
@@ -117,7 +113,7 @@ def show(ctx: typer.Context, name: Annotated[str, typer.Argument()], output: For
 
 def _history(rows: list[dict[str, Any]]) -> None:
     for row in rows:
-        row["size"] = _size(row["bytes"])
+        row["size"] = size_mb(row["bytes"])
         row["digest"] = row["digest"][:12]
     table(
         rows,

@@ -155,6 +155,13 @@ def submit(
     environment: Annotated[
         str | None, typer.Option("--env", help="runtime environment NAME[:VERSION] (gpufleet env list)")
     ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="registered model NAME[:VERSION], staged to the node: $GPUFLEET_MODEL_PATH")
+    ] = None,
+    dataset: Annotated[
+        list[str] | None,
+        typer.Option(help="registered dataset NAME[:VERSION], staged to the node: $GPUFLEET_DATASET_PATH; repeatable"),
+    ] = None,
     workdir: Annotated[str | None, typer.Option(help="absolute working directory on the nodes")] = None,
     name: Annotated[str, typer.Option(help="a name to find the job by")] = "",
     category: Annotated[str | None, typer.Option(help="run only on nodes of this category")] = None,
@@ -193,6 +200,8 @@ def submit(
         "category": category,
         "requeue": requeue,
         "environment": environment,
+        "model": model,
+        "datasets": dataset or [],
     }
     client = state(ctx).client()
     if template is not None:
@@ -212,7 +221,7 @@ _OPTION_KEYS = {
     "project": "project", "user": "user", "name": "name", "nodes": "nodes", "gpus_per_node": "gpus_per_node",
     "cpus": "cpus_per_node", "mem": "mem_per_node_mib", "time_limit": "time_limit_s", "priority": "priority",
     "container": "container", "export": "env", "workdir": "workdir", "category": "category",
-    "requeue": "requeue", "environment": "environment",
+    "requeue": "requeue", "environment": "environment", "model": "model", "dataset": "datasets",
 }  # fmt: skip
 # Job fields a template may compute from a param of its own (torchrun's --nproc-per-node is its
 # gpus_per_node): an option for one of them goes to the template as that param, so that the command and

@@ -52,3 +52,8 @@ def fields(data: dict[str, Any], keys: Sequence[tuple[str, str]]) -> None:
     for key, label in keys:
         out.add_row(label, cell(data.get(key)))
     console.print(out)
+
+
+def size_mb(value: Any) -> str:
+    """A byte count as people read it in tables: MB with one decimal; empty for None."""
+    return "" if value is None else f"{value / 1e6:,.1f} MB"

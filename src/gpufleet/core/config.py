@@ -111,6 +111,12 @@ class Settings(BaseSettings):
     job_spool_dir: Path = Field(
         Path("/var/lib/gpufleet-agent/jobs"), description="where the agent keeps each job's full output"
     )
+    artifact_cache_dir: Path = Field(
+        Path("/var/cache/gpufleet/artifacts"), description="the node cache models and datasets are staged into"
+    )
+    artifact_cache_gb: float = Field(
+        200.0, gt=0, description="the node cache's size limit in GB; least recently used artifacts go first"
+    )
     job_kill_grace_s: float = Field(
         10.0, ge=0, le=3600, description="SIGTERM to SIGKILL, when a job is cancelled or out of time"
     )

@@ -18,6 +18,7 @@ from gpufleet.core.errors import describe
 from gpufleet.inventory.models import Node
 from gpufleet.jobs import lifecycle
 from gpufleet.jobs.models import Job, JobRank, RankState
+from gpufleet.protocol.artifacts import StageRef
 from gpufleet.protocol.jobs import JobCancel, JobStart
 
 RESEND_S = 5.0
@@ -102,6 +103,7 @@ def _start(session: Session, job: Job, rank: JobRank, masters: dict[int, str], n
         time_limit_s=max(job.time_limit_s - _since_placed(job, now), 1.0),
         master_addr=masters[job.id],
         master_port=master_port(job.id),
+        artifacts=[StageRef.model_validate(a) for a in job.artifacts],
     )
 
 

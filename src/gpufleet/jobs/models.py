@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, Enum, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, Enum, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from gpufleet.core.db import Base, UTCDateTime, enum_values
@@ -82,6 +82,9 @@ class Job(Base):
     # submission so the scheduler reads one column and a later change to the catalog moves no queued job.
     environment: Mapped[str | None] = mapped_column(String(160), default=None)
     min_driver: Mapped[str | None] = mapped_column(String(32), default=None)
+    # The models and datasets it reads (protocol.artifacts.StageRef as dicts), copied at submission like the
+    # environment: the agent stages them before the rank starts; the scheduler prefers nodes that hold them.
+    artifacts: Mapped[list[dict[str, object]]] = mapped_column(JSON, default=list, server_default="[]")
 
     ranks: Mapped[list[JobRank]] = relationship(
         back_populates="job", cascade="all, delete-orphan", order_by="(JobRank.run, JobRank.rank)", lazy="selectin"
@@ -170,3 +173,87 @@ class Environment(Base):
     @property
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
+
+
+class Artifact(Base):
+    """A registered model (a checkpoint) or dataset: where it lies, what it hashes to, who may use it.
+
+    `project` owns it; a job of another project may use it only when `shared_with` names that project. An
+    artifact with no project is open to every job."""
+
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("kind", "name", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # model | dataset
+    name: Mapped[str] = mapped_column(String(63))
+    version: Mapped[str] = mapped_column(String(32))
+    framework: Mapped[str | None] = mapped_column(String(32), default=None)  # models: pytorch, jax, ...
+    format: Mapped[str | None] = mapped_column(String(32), default=None)  # safetensors, parquet, ...
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    licence: Mapped[str] = mapped_column(String(64), default="")
+    source: Mapped[str] = mapped_column(String(512), default="")  # where it came from (a hub id, a paper)
+    location: Mapped[str] = mapped_column(String(1024))  # where the agents stage it from
+    project: Mapped[str | None] = mapped_column(String(63), index=True, default=None)
+    shared_with: Mapped[list[str]] = mapped_column(JSON, default=list)
+    description: Mapped[str] = mapped_column(String(512), default="")
+    created_by: Mapped[str] = mapped_column(String(160))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.version}"
+
+
+class NodeArtifact(Base):
+    """An artifact in a node's cache, as its agent last reported it (protocol.artifacts.NodeCache)."""
+
+    __tablename__ = "node_artifacts"
+
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    copied_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_used_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    uses: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class InferenceService(Base):
+    """A long-running model server: `replicas` jobs kept alive, replaced when they die or stop answering
+    their health check, rolled one at a time to a new revision, and reached through the head's proxy."""
+
+    __tablename__ = "inference_services"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    project: Mapped[str | None] = mapped_column(String(63), index=True, default=None)
+    user: Mapped[str] = mapped_column(String(32))  # its replicas run as this cluster user
+    created_by: Mapped[str] = mapped_column(String(160))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    state: Mapped[str] = mapped_column(String(16), default="running")  # running | deleting
+    replicas: Mapped[int] = mapped_column(Integer, default=1)
+    # The replica job, as a JobSubmit's fields (argv or script, GPUs, environment, model, ...).
+    spec: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    health_path: Mapped[str] = mapped_column(String(256), default="/health")
+    revision: Mapped[int] = mapped_column(Integer, default=1)  # raised by each update; replicas roll to it
+    restarts: Mapped[int] = mapped_column(Integer, default=0)  # replicas replaced after dying or failing health
+    message: Mapped[str] = mapped_column(String(512), default="")  # why it cannot start a replica, if it cannot
+
+
+class ServiceReplica(Base):
+    """One replica: the job that runs it, the revision it runs, and what its health check last said."""
+
+    __tablename__ = "service_replicas"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    service_id: Mapped[int] = mapped_column(ForeignKey("inference_services.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    port: Mapped[int] = mapped_column(Integer)
+    address: Mapped[str | None] = mapped_column(String(300), default=None)  # host:port once placed
+    healthy: Mapped[bool] = mapped_column(Boolean, default=False)
+    ever_healthy: Mapped[bool] = mapped_column(Boolean, default=False)
+    failures: Mapped[int] = mapped_column(Integer, default=0)  # health checks failed in a row
+    checked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

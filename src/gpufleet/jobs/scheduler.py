@@ -26,7 +26,9 @@ multi-GPU job with `nodes=1` always stays on one node), preferring contiguous GP
 share a PCIe switch or NVLink domain are usually numbered together). A multi-node job prefers nodes
 under one topology label (switch or rack). A job whose environment needs a newer NVIDIA driver (its CUDA
 version, `protocol.cuda`) lands only on nodes whose driver is at least that; with no such node it is
-`unschedulable`. Per category, "pack" fills the fullest node that fits
+`unschedulable`. A one-node job with a model or datasets goes to a fitting node whose cache already holds
+the most of them (data locality: no copy before it starts), the placement policy breaking ties;
+without such a node, placement is as usual. Per category, "pack" fills the fullest node that fits
 (keeping whole nodes free for big jobs) and "spread" the emptiest (load balancing).
 """
 
@@ -74,6 +76,7 @@ class NodeView:
     category: str | None = None
     topology: str | None = None  # the switch or rack label; nodes sharing one are close on the network
     driver: DriverVersion | None = None  # the NVIDIA driver, as a version tuple; None: not known
+    cached: frozenset[str] = frozenset()  # checksums of the models and datasets its cache holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,7 @@ class JobRequest:
     submitted_at: float = 0.0
     category: str | None = None  # run only on nodes of this category (a partition); None: any
     min_driver: DriverVersion | None = None  # its environment's CUDA needs this driver or newer
+    data: frozenset[str] = frozenset()  # checksums of its model and datasets: nodes holding them come first
 
     @property
     def gpus(self) -> int:
@@ -196,6 +200,7 @@ class _Node:
     """A node's mutable state during one pass."""
 
     __slots__ = (
+        "cached",
         "category",
         "cpu_cap",
         "cpu_free",
@@ -216,6 +221,7 @@ class _Node:
         self.category = view.category
         self.topology = view.topology
         self.driver = view.driver
+        self.cached = view.cached
         self.gpu_count = view.gpu_count
         free = {g for g in view.gpus if 0 <= g < view.gpu_count}
         if held:
@@ -263,6 +269,10 @@ class _Pass:
             if view.schedulable:
                 self.nodes.append(_Node(len(self.nodes), view, held.get(view.name)))
         self.by_name = {n.name: n for n in self.nodes}
+        self.holders: dict[str, list[str]] = {}  # checksum -> the nodes whose cache holds it
+        for n in self.nodes:
+            for sha in n.cached:
+                self.holders.setdefault(sha, []).append(n.name)
         self.width = max((n.gpu_count for n in self.nodes), default=0) + 1
         self.buckets: dict[str | None, list[set[int]]] = {}
         for n in self.nodes:
@@ -308,7 +318,7 @@ class _Pass:
         if key in self._no_fit:
             return None
         if job.nodes == 1:
-            one = self._find_one(job, include_reserved)
+            one = self._find_local(job, include_reserved) or self._find_one(job, include_reserved)
             found = [one] if one is not None else None
         else:
             found = self._find_gang(job, include_reserved)
@@ -323,6 +333,23 @@ class _Pass:
             and n.mem_free >= job.mem_per_node_mib
             and job.runs_on(n.driver)
         )
+
+    def _find_local(self, job: JobRequest, include_reserved: bool) -> _Node | None:
+        """A fitting node that holds the most of the job's data; None when none holds any. Only the few
+        nodes that cache one of its checksums are looked at (`holders`), never the whole cluster."""
+        if not job.data:
+            return None
+        names = {name for sha in job.data for name in self.holders.get(sha, ())}
+        fits = [
+            n
+            for n in (self.by_name[name] for name in names)
+            if job.category in (None, n.category) and (include_reserved or not n.reserved) and self._fits(n, job)
+        ]
+        if not fits:
+            return None
+        spread = self.policy.for_category(job.category) == "spread"
+        # Most data held first; then the placement policy (pack: fewest free GPUs); then the name.
+        return min(fits, key=lambda n: (-len(n.cached & job.data), -len(n.free) if spread else len(n.free), n.name))
 
     def _find_one(self, job: JobRequest, include_reserved: bool) -> _Node | None:
         g, c, m = job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mib

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -24,6 +24,8 @@ _ENV_VERSION = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,31}"
 EnvironmentName = Annotated[str, StringConstraints(pattern=f"^{_ENV_NAME}$")]
 EnvironmentVersion = Annotated[str, StringConstraints(pattern=f"^{_ENV_VERSION}$")]
 EnvironmentRef = Annotated[str, StringConstraints(pattern=f"^{_ENV_NAME}(:{_ENV_VERSION})?$")]  # name[:version]
+ArtifactName = Annotated[str, StringConstraints(pattern=f"^{_ENV_NAME}$")]
+ArtifactRef = Annotated[str, StringConstraints(pattern=f"^{_ENV_NAME}(:{_ENV_VERSION})?$")]  # name[:version]
 FrameworkVersion = Annotated[str, StringConstraints(pattern=r"^[0-9][A-Za-z0-9.+-]{0,31}$")]
 
 
@@ -49,6 +51,8 @@ class JobSubmit(BaseModel):
     category: Annotated[str, StringConstraints(max_length=64)] | None = None
     requeue: bool = False  # run again elsewhere when a node fails, instead of ending node_fail
     environment: EnvironmentRef | None = None  # run in this catalog environment ("name" or "name:version")
+    model: ArtifactRef | None = None  # a registered model, staged to the node before the job starts
+    datasets: list[ArtifactRef] = Field(default_factory=list, max_length=4)  # registered datasets, staged too
 
     @model_validator(mode="after")
     def _one_command(self) -> JobSubmit:
@@ -223,3 +227,67 @@ class NodeFitOut(BaseModel):
 class EnvironmentCheck(BaseModel):
     environment: EnvironmentOut
     nodes: list[NodeFitOut]
+
+
+ProjectName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,62}$")]
+_Label = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,31}$")]
+
+
+class ArtifactIn(BaseModel):
+    """A model or dataset to register. `sha256` and `size_bytes` are what the CLI computed from `location`
+    (`protocol.artifacts.digest`); every node checks its copy against them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["model", "dataset"]
+    name: ArtifactName
+    version: EnvironmentVersion
+    location: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    size_bytes: int = Field(ge=0, le=2**62)
+    framework: _Label | None = None
+    format: _Label | None = None
+    licence: Annotated[str, StringConstraints(max_length=64)] = ""
+    source: Annotated[str, StringConstraints(max_length=512)] = ""
+    project: ProjectName | None = None
+    shared_with: list[ProjectName] = Field(default_factory=list, max_length=64)
+    description: Annotated[str, StringConstraints(max_length=512)] = ""
+
+    @model_validator(mode="after")
+    def _plain_text(self) -> ArtifactIn:
+        if any("\x00" in t for t in (self.location, self.licence, self.source, self.description)):
+            raise ValueError("NUL characters are not allowed")
+        return self
+
+
+class ArtifactOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    kind: str
+    name: str
+    version: str
+    ref: str
+    framework: str | None
+    format: str | None
+    size_bytes: int
+    sha256: str
+    licence: str
+    source: str
+    location: str
+    project: str | None
+    shared_with: list[str]
+    description: str
+    created_by: str
+    created_at: datetime
+    nodes: list[str] = Field(default_factory=list)  # the nodes whose cache holds it
+
+
+class NodeArtifactOut(BaseModel):
+    """One entry of a node's cache, with the registered artifacts it is (none: unregistered since)."""
+
+    sha256: str
+    size_bytes: int
+    copied_at: datetime
+    last_used_at: datetime
+    uses: int
+    artifacts: list[str]  # "model name:version", "dataset name:version"

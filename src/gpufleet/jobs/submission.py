@@ -1,7 +1,8 @@
 """Submitting a job: every check that can refuse it happens here, before anything is written.
 
 Refused at submit (InvalidInput / NotFound / Forbidden, with the reason): malformed specs (the schema),
-unknown or disabled users, unknown projects or ones the user is not a member of, requests no set of
+unknown or disabled users, unknown projects or ones the user is not a member of, models and datasets
+the job's project may not use, requests no set of
 nodes in the inventory could ever hold, and requests over the project's quota as a whole (more GPUs
 than its `max_gpus`, or a worst case, GPUs x time limit, over its whole GPU-hour budget). A job that is
 only over what the project has *left* right now is accepted and waits with reason `quota` or `budget`.
@@ -20,7 +21,7 @@ from gpufleet.auth.users import get_user
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Forbidden, InvalidInput
 from gpufleet.inventory.models import Node
-from gpufleet.jobs import environments
+from gpufleet.jobs import artifacts, environments
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.jobs.schemas import JobSubmit
 from gpufleet.protocol.jobs import MAX_ENV
@@ -58,6 +59,11 @@ def submit(
             raise InvalidInput(
                 f"the job has {len(variables)} variables with environment {env.ref}'s; at most {MAX_ENV}"
             )
+    if backend == "slurm" and (spec.model or spec.datasets):
+        raise InvalidInput(
+            "models and datasets are staged by gpufleet's agents, which do not run Slurm's jobs; "
+            "read them from their shared location in the job's script"
+        )
     if backend == "slurm" and container:
         raise InvalidInput(
             "containers are not run through Slurm by gpufleet (Slurm needs pyxis/enroot for images); "
@@ -71,6 +77,7 @@ def submit(
     if spec.priority > 0 and not who.admin:
         raise Forbidden("only job admins may raise a job's priority above 0")
     check_capacity(session, spec)
+    staged = artifacts.for_job(session, project, spec.model, spec.datasets)  # NotFound, Forbidden
     if project is not None:
         _check_quota(session, project, spec.nodes * spec.gpus_per_node, time_limit)
     job = Job(
@@ -96,6 +103,7 @@ def submit(
         backend=backend,
         environment=env.ref if env is not None else None,
         min_driver=env.min_driver if env is not None else None,
+        artifacts=[s.model_dump() for s in staged],
         submitted_at=to_datetime(clock.now()),
     )
     session.add(job)

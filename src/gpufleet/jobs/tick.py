@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpufleet.core.clock import Clock
 from gpufleet.core.db import transaction
 from gpufleet.inventory.models import Gpu, Node
-from gpufleet.jobs import accounting, environments, lifecycle
+from gpufleet.jobs import accounting, artifacts, environments, lifecycle
 from gpufleet.jobs.models import Job, JobRank, JobState, RankState
 from gpufleet.jobs.scheduler import (
     JobRequest,
@@ -128,6 +128,7 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
             Job.priority,
             Job.submitted_at,
             Job.category,
+            Job.artifacts,
             Job.min_driver,
             Job.reason,
         ).where(Job.state == JobState.PENDING)
@@ -147,8 +148,9 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
             submitted_at=submitted.timestamp(),
             category=category,
             min_driver=parse_driver(min_driver) if min_driver else None,
+            data=frozenset(str(a["sha256"]) for a in staged or ()),
         )
-        for job_id, project, nodes, gpus, cpus, mem, limit, priority, submitted, category, min_driver, _ in rows
+        for job_id, project, nodes, gpus, cpus, mem, limit, priority, submitted, category, staged, min_driver, _ in rows
     ]
     stored = {str(row[0]): row[-1] for row in rows}
     drivers = {str(row[0]): row[-2] for row in rows if row[-2]}
@@ -238,6 +240,7 @@ def _nodes(session: Session, held: list[lifecycle.HeldRank]) -> tuple[list[NodeV
             cpus_used[rank.node_id] += rank.cpus_per_node
             mem_used[rank.node_id] += rank.mem_per_node_mib
     drivers = environments.node_drivers(session)
+    cached = artifacts.cached_by_node(session)
     uuids: dict[int, dict[int, str]] = defaultdict(dict)
     for node_id, index, uuid in session.execute(select(Gpu.node_id, Gpu.index, Gpu.uuid)):
         uuids[node_id][index] = uuid
@@ -275,6 +278,7 @@ def _nodes(session: Session, held: list[lifecycle.HeldRank]) -> tuple[list[NodeV
                 category=category,
                 topology=topology,
                 driver=drivers.get(node_id),
+                cached=cached.get(node_id, frozenset()),
             )
         )
     return views, gpus

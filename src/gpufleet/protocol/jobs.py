@@ -17,6 +17,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from gpufleet.protocol.artifacts import MAX_STAGED, StageRef
+
 MAX_ARGV = 256
 MAX_ARG_CHARS = 4096
 MAX_SCRIPT_CHARS = 32 * 1024
@@ -63,6 +65,8 @@ class JobStart(RankRef):
     time_limit_s: float = Field(gt=0)
     master_addr: Annotated[str, StringConstraints(max_length=255)] = ""
     master_port: int = Field(default=29500, ge=1, le=65535)
+    # Models and datasets the agent stages into its node cache, checksum checked, before the rank starts.
+    artifacts: list[StageRef] = Field(default_factory=list, max_length=MAX_STAGED)
 
 
 class JobCancel(RankRef):

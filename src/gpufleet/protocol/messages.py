@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
 
+from gpufleet.protocol.artifacts import NodeCache
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.jobs import JobAck, JobCancel, JobHeld, JobOutput, JobStart, JobUpdate
 from gpufleet.protocol.logs import LogLines
@@ -100,7 +101,9 @@ class FaultResult(BaseModel):
     message: Annotated[str, StringConstraints(max_length=512)] = ""
 
 
-AnyAgentMessage = Hello | Heartbeat | Metrics | Events | LogLines | FaultResult | JobUpdate | JobOutput | JobHeld
+AnyAgentMessage = (
+    Hello | Heartbeat | Metrics | Events | LogLines | FaultResult | JobUpdate | JobOutput | JobHeld | NodeCache
+)
 AgentMessage = Annotated[AnyAgentMessage, Field(discriminator="type")]
 agent_message_adapter: TypeAdapter[AnyAgentMessage] = TypeAdapter(AgentMessage)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from gpufleet.agent.artifacts import ArtifactCache
 from gpufleet.agent.credentials import CredentialStore
 from gpufleet.agent.daemon import Agent, AgentOptions
 from gpufleet.agent.gpu.nvml import NvmlReader
@@ -58,6 +59,7 @@ class SimOptions:
     gpu_model: str = "H200"
     driver_version: str | None = None  # None: the probed H200's driver (sim.nvml.DRIVER_VERSION)
     state_dir: Path = Path("gpufleet-sim")
+    cache_limit_bytes: int = 10 * 10**9  # each node's artifact cache
     prefix: str = "sim"
     heartbeat_interval_s: float | None = None
     ramp_s: float | None = None  # spread the joins; default: 5 ms a node
@@ -117,7 +119,11 @@ class Simulation:
                 heartbeat_interval_s=opts.heartbeat_interval_s,
                 tls_context=opts.tls_context,
                 # Jobs placed here run in simulated time: GPUs load up, nothing is executed.
-                jobs=JobSupervisor(SimulatedExecutor(nvml)),
+                jobs=JobSupervisor(
+                    SimulatedExecutor(nvml),
+                    # Staging is real: models and datasets are copied into the node's own cache directory.
+                    cache=ArtifactCache(opts.state_dir / "nodes" / f"{name}.cache", opts.cache_limit_bytes),
+                ),
             )
             if opts.software:
                 variant = "older" if opts.older_every and (i + 1) % opts.older_every == 0 else "current"

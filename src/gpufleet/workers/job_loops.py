@@ -29,13 +29,14 @@ from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import Unavailable
 from gpufleet.core.loops import run_periodic
-from gpufleet.jobs import dispatch, lifecycle, output
+from gpufleet.jobs import artifacts, dispatch, lifecycle, output
 from gpufleet.jobs.scheduler import Policy
 from gpufleet.jobs.slurm.sync import SlurmSync, SyncResult
 from gpufleet.jobs.tick import TickResult, TickSettings, run_tick
 from gpufleet.monitoring import attribution
 from gpufleet.monitoring.models import Alert
 from gpufleet.monitoring.stragglers import StragglerWatch
+from gpufleet.protocol.artifacts import NodeCache
 from gpufleet.protocol.jobs import JobHeld, JobOutput, JobUpdate, RankRef
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,11 @@ class JobLoops:
             strays = lifecycle.ranks_held(session, self.clock, node_id, held.ranks, self.settings.job_max_requeues)
         self.wake()
         return strays
+
+    def record_cache(self, node_id: int, report: NodeCache) -> None:
+        """In a worker thread: what the node's artifact cache holds, for data locality and its page."""
+        with transaction(self.sessions) as session:
+            artifacts.record_cache(session, node_id, report)
 
     def output(self, node_id: int, chunk: JobOutput) -> None:
         """On the event loop: buffered, written by the flush loop."""

@@ -17,7 +17,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
+from gpufleet.agent.artifacts import ArtifactCache, Staged, describe_staged, job_variables
 from gpufleet.agent.jobs.ports import JobExecutor, RankResult
+from gpufleet.protocol.artifacts import ArtifactError
 from gpufleet.protocol.jobs import (
     MAX_OUTPUT_CHUNK,
     JobAck,
@@ -57,9 +59,11 @@ def _key(ref: RankRef) -> Key:
 
 
 class JobSupervisor:
-    def __init__(self, executor: JobExecutor, flush_s: float = 0.25) -> None:
+    def __init__(self, executor: JobExecutor, flush_s: float = 0.25, cache: ArtifactCache | None = None) -> None:
         self.executor = executor
         self.flush_s = flush_s
+        self.cache = cache  # where a rank's models and datasets are staged; None: this node stages none
+        self._staging = asyncio.Lock()  # one stage at a time: two ranks needing one dataset copy it once
         self.ranks: dict[Key, _Rank] = {}
         self._control: deque[str] = deque()
         self._output: deque[str] = deque(maxlen=MAX_QUEUED_OUTPUT)
@@ -103,6 +107,8 @@ class JobSupervisor:
         held = [rank.launch for rank in self.ranks.values() if rank.result is None]
         refs = [RankRef(job_id=r.job_id, run=r.run, rank=r.rank) for r in held]
         self._send_control(JobHeld(ranks=refs).model_dump_json())
+        if self.cache is not None and self.cache.in_use:
+            self._send_control(self.cache.report().model_dump_json())
 
     def lose_all(self) -> None:
         """A simulated node crash: every rank's processes die with the node, and nothing is reported."""
@@ -128,11 +134,36 @@ class JobSupervisor:
             elif self._flush_handle is None:
                 self._flush_handle = asyncio.get_running_loop().call_later(self.flush_s, self._flush_all)
 
-        result = await self.executor.run(launch, on_started, on_output, rank.cancel)
+        result: RankResult | None = None
+        if launch.artifacts:
+            try:
+                staged = await self._stage(launch)
+            except ArtifactError as exc:
+                result = RankResult("error", None, str(exc)[:512])
+            else:
+                for item in staged:
+                    on_output("stderr", describe_staged(item))
+                launch = launch.model_copy(update={"env": {**launch.env, **job_variables(staged)}})
+                if rank.cancel.is_set():  # cancelled while its data was being copied
+                    result = RankResult("cancelled", None, "cancelled before it started")
+        if result is None:
+            result = await self.executor.run(launch, on_started, on_output, rank.cancel)
         self._flush(rank)
         rank.result = result
         log.info("job %s rank %s: %s (exit code %s)", launch.job_id, launch.rank, result.outcome, result.exit_code)
         self._report(rank)
+
+    async def _stage(self, launch: JobStart) -> list[Staged]:
+        """The rank's artifacts, present and checked in the node cache; the head hears what it holds."""
+        cache = self.cache
+        if cache is None:
+            raise ArtifactError("this node has no artifact cache, so it cannot stage the job's models and datasets")
+        in_use = {a.sha256 for r in self.ranks.values() if r.result is None for a in r.launch.artifacts}
+        try:
+            async with self._staging:
+                return [await asyncio.to_thread(cache.stage, ref, in_use) for ref in launch.artifacts]
+        finally:
+            self._send_control(cache.report().model_dump_json())
 
     def _flush_all(self) -> None:
         self._flush_handle = None

@@ -24,6 +24,7 @@ from gpufleet.core.errors import GpufleetError, InvalidInput, NotFound, PayloadT
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
 from gpufleet.protocol.accounts import AccountList
+from gpufleet.protocol.artifacts import NodeCache
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.jobs import JobAck, JobCancel, JobHeld, JobOutput, JobUpdate
 from gpufleet.protocol.logs import LogLines
@@ -204,6 +205,8 @@ async def _serve(ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None
             ctx.monitoring.log_lines(chan.node_id, message.lines)
         elif isinstance(message, JobOutput | JobUpdate | JobHeld):
             await _job_message(ctx, chan, message)
+        elif isinstance(message, NodeCache):
+            await asyncio.to_thread(ctx.jobs.record_cache, chan.node_id, message)
 
 
 async def _job_message(ctx: Ctx, chan: Channel, message: JobOutput | JobUpdate | JobHeld) -> None:
