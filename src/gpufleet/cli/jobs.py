@@ -193,7 +193,7 @@ def submit(
         "time_limit_s": parse_time(time_limit) if time_limit else None,
         "priority": priority,
         "argv": argv,
-        "script": _read_script(script) if script else None,
+        "script": read_script(script) if script else None,
         "env": parse_pairs(export or []),
         "workdir": workdir,
         "container": container,
@@ -259,7 +259,7 @@ def _from_template(
     return body
 
 
-def _read_script(path: Path) -> str:
+def read_script(path: Path) -> str:
     try:
         return path.read_text()
     except (OSError, UnicodeDecodeError) as exc:

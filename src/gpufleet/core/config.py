@@ -108,6 +108,12 @@ class Settings(BaseSettings):
     job_output_max_chars: int = Field(
         16 * 1024 * 1024, ge=1024, description="output kept per job on the head; the rest stays in the node's spool"
     )
+    service_check_interval_s: float = Field(
+        2.0, gt=0, le=3600, description="how often the leader health-checks inference service replicas"
+    )
+    service_proxy_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="how long the head waits for a replica to answer a proxied call"
+    )
     job_spool_dir: Path = Field(
         Path("/var/lib/gpufleet-agent/jobs"), description="where the agent keeps each job's full output"
     )

@@ -76,6 +76,13 @@ class Unavailable(GpufleetError):
     exit_code = 7
 
 
+class BadGateway(GpufleetError):
+    """Something gpufleet forwards to (an inference service's replica) failed the call or timed out."""
+
+    http_status = 502
+    exit_code = 7
+
+
 class ConfigError(GpufleetError):
     """The configuration file or environment holds an invalid value."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Boolean, Enum, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
@@ -234,10 +235,14 @@ class InferenceService(Base):
     state: Mapped[str] = mapped_column(String(16), default="running")  # running | deleting
     replicas: Mapped[int] = mapped_column(Integer, default=1)
     # The replica job, as a JobSubmit's fields (argv or script, GPUs, environment, model, ...).
-    spec: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     health_path: Mapped[str] = mapped_column(String(256), default="/health")
     revision: Mapped[int] = mapped_column(Integer, default=1)  # raised by each update; replicas roll to it
     restarts: Mapped[int] = mapped_column(Integer, default=0)  # replicas replaced after dying or failing health
+    # Replicas in a row that ended before they ever passed a health check (a crash loop), and when the
+    # next may start: new replicas back off 2, 4, 8 ... up to 300 seconds until one is healthy.
+    crashes: Mapped[int] = mapped_column(Integer, default=0)
+    retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     message: Mapped[str] = mapped_column(String(512), default="")  # why it cannot start a replica, if it cannot
 
 

@@ -291,3 +291,78 @@ class NodeArtifactOut(BaseModel):
     last_used_at: datetime
     uses: int
     artifacts: list[str]  # "model name:version", "dataset name:version"
+
+
+ServiceName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,62}$")]
+MAX_REPLICAS = 64
+
+
+class ServiceCreate(BaseModel):
+    """An inference service: `replicas` copies of the `replica` job, each listening on the port the agent
+    gives it in $GPUFLEET_SERVICE_PORT and answering `health_path` with 200 once it can serve."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: ServiceName
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS)  # scale to 0 later to pause it
+    health_path: Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9._~/-]{0,255}$")] = "/health"
+    # How long a new replica may take to pass its first health check (loading a model) before it is replaced.
+    startup_s: float = Field(600.0, gt=0, le=86_400)
+    replica: JobSubmit
+
+    @model_validator(mode="after")
+    def _one_node(self) -> ServiceCreate:
+        if self.replica.nodes != 1:
+            raise ValueError("a replica runs on one node; scale out with replicas")
+        return self
+
+
+class ServiceChange(BaseModel):
+    """A rolling update: what changes in the replicas (the rest stays). Replicas move to the new revision
+    one at a time, each old one stopped only once a new one passes its health check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ArtifactRef | None = None
+    environment: EnvironmentRef | None = None
+    argv: list[Arg] | None = Field(None, max_length=MAX_ARGV)
+    script: Annotated[str, StringConstraints(max_length=MAX_SCRIPT_CHARS)] | None = None
+    env: dict[EnvName, EnvValue] | None = Field(None, max_length=MAX_ENV)
+
+
+class ServiceScale(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    replicas: int = Field(ge=0, le=MAX_REPLICAS)
+
+
+class ReplicaOut(BaseModel):
+    job_id: int
+    revision: int
+    state: str  # the job's: pending, running
+    node: str | None
+    address: str | None
+    healthy: bool
+    failures: int
+    checked_at: datetime | None
+
+
+class ServiceOut(BaseModel):
+    name: str
+    project: str | None
+    user: str
+    replicas: int
+    ready: int  # replicas passing their health check
+    revision: int
+    restarts: int
+    message: str
+    model: str | None
+    environment: str | None
+    gpus_per_replica: int
+    health_path: str
+    endpoint: str  # where to call it: the head's /services/NAME/
+    created_by: str
+    created_at: datetime
+    replica_list: list[ReplicaOut] = Field(default_factory=list)
+    # Calls through this head in the last minute: requests_per_s, p50_ms, p99_ms, errors (share of 5xx).
+    stats: dict[str, float | None] = Field(default_factory=dict)

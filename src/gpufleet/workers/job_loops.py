@@ -7,7 +7,10 @@
 - every replica sends the starts and cancels due for the nodes whose channels it holds
   (`jobs.dispatch.outgoing`), every half second and at once after a scheduling pass;
 - agents' output is buffered from the channels and written in batches;
-- the leader attributes GPU samples to running jobs every ten seconds (`monitoring.attribution`).
+- the leader attributes GPU samples to running jobs every ten seconds (`monitoring.attribution`);
+- the leader health-checks every inference service replica and reconciles the services
+  (`jobs.inference`: replace the dead and the failing, scale, roll to a new revision) every
+  `service_check_interval_s`.
 
 Database work runs on a thread of its own, apart from the heartbeat and monitoring loops.
 """
@@ -17,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.core.clock import Clock
@@ -29,7 +33,7 @@ from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import Unavailable
 from gpufleet.core.loops import run_periodic
-from gpufleet.jobs import artifacts, dispatch, lifecycle, output
+from gpufleet.jobs import artifacts, dispatch, inference, lifecycle, output, submission
 from gpufleet.jobs.scheduler import Policy
 from gpufleet.jobs.slurm.sync import SlurmSync, SyncResult
 from gpufleet.jobs.tick import TickResult, TickSettings, run_tick
@@ -43,7 +47,17 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 DISPATCH_S = 0.5
 OUTPUT_FLUSH_S = 0.5
+PROBE_TIMEOUT_S = 2.0  # a replica's health check; longer counts as a failure
 MAX_BUFFERED_CHUNKS = 10_000  # beyond it the oldest chunks are dropped (the node's spool keeps them)
+
+
+async def _probe(http: httpx.AsyncClient, url: str) -> bool:
+    """Whether a replica's health endpoint answers 2xx."""
+    try:
+        response = await http.get(url)
+    except httpx.HTTPError:
+        return False
+    return response.is_success
 
 
 def tick_settings(settings: Settings) -> TickSettings:
@@ -184,6 +198,35 @@ class JobLoops:
             self.on_alerts(changed)
         return counted
 
+    def reconcile_services_once(self, results: dict[int, bool]) -> bool:
+        """Record the health checks' `results` (replica id -> healthy), then reconcile every service."""
+        if not self.is_leader():
+            return False
+        limits = submission.Limits(self.settings.job_default_time_limit_s, self.settings.job_max_time_limit_s)
+        with transaction(self.sessions) as session:
+            inference.record_probes(session, self.clock, results)
+            changed = inference.reconcile(session, self.clock, limits)
+        if changed:
+            self.wake()
+        return changed
+
+    def service_probes(self) -> list[inference.Probe]:
+        if not self.is_leader() or self.slurm is not None:
+            return []
+        with transaction(self.sessions, readonly=True) as session:
+            return inference.probes(session)
+
+    async def check_services(self, in_thread: Callable[[Callable[[], Any]], Awaitable[Any]]) -> None:
+        """One round: every running replica's health endpoint at once (each within PROBE_TIMEOUT_S), then
+        the reconciler with the answers."""
+        if not self.is_leader() or self.slurm is not None:
+            return
+        targets = await in_thread(self.service_probes)
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as http:
+            answers = await asyncio.gather(*(_probe(http, t.url) for t in targets))
+        results = {t.replica_id: ok for t, ok in zip(targets, answers, strict=True)}
+        await in_thread(lambda: self.reconcile_services_once(results))
+
     def _schedule_interval_s(self) -> float:
         return self.settings.slurm_poll_interval_s if self.slurm is not None else self.settings.scheduler_interval_s
 
@@ -212,12 +255,16 @@ class JobLoops:
         async def attribute_step() -> None:
             await in_thread(self.attribute_once)
 
+        async def services_step() -> None:
+            await self.check_services(in_thread)
+
         try:
             await asyncio.gather(
                 run_periodic("scheduler", self._schedule_interval_s(), schedule_step, stop, wake=self._schedule_now),
                 run_periodic("job-dispatch", DISPATCH_S, dispatch_step, stop, wake=self._dispatch_now),
                 run_periodic("job-output", OUTPUT_FLUSH_S, flush_step, stop),
                 run_periodic("job-attribution", attribution.ATTRIBUTION_INTERVAL_S, attribute_step, stop),
+                run_periodic("services", self.settings.service_check_interval_s, services_step, stop),
             )
         finally:
             try:

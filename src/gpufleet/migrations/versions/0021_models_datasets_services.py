@@ -70,6 +70,8 @@ def upgrade() -> None:
         sa.Column("health_path", sa.String(length=256), nullable=False),
         sa.Column("revision", sa.Integer(), nullable=False),
         sa.Column("restarts", sa.Integer(), nullable=False),
+        sa.Column("crashes", sa.Integer(), nullable=False),
+        sa.Column("retry_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("message", sa.String(length=512), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_inference_services")),
         sa.UniqueConstraint("name", name=op.f("uq_inference_services_name")),
