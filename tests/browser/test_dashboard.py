@@ -68,8 +68,8 @@ def test_operator_sees_a_fault_drains_resumes_acknowledges_and_logs_out(cluster:
     expect(page.locator("#user")).to_have_text("alice")
     expect(page.get_by_role("navigation", name="Main").get_by_role("link")).to_have_text(
         [
-            *("Overview", "Nodes", "GPU map", "Categories", "Jobs", "Environments", "Alerts", "Logs"),
-            *("Software", "Images", "Power", "Tasks", "Projects"),
+            *("Overview", "Nodes", "GPU map", "Categories", "Jobs", "Environments", "Models", "Datasets"),
+            *("Alerts", "Logs", "Software", "Images", "Power", "Tasks", "Projects"),
         ]
     )
     expect(page.locator("#nodes-up .value")).to_have_text(str(NODES))
@@ -185,6 +185,8 @@ def test_pages_fit_a_laptop_screen(cluster: Head, page: Page) -> None:
         "/software",
         "/categories",
         "/environments",
+        "/models",
+        "/datasets",
         "/images",
         "/power",
         "/tasks",

@@ -27,7 +27,15 @@ from pathlib import Path
 
 import httpx
 
-from gpufleet.protocol.artifacts import ArtifactError, CacheEntry, NodeCache, StageRef, digest, local_path
+from gpufleet.protocol.artifacts import (
+    MAX_CACHE_ENTRIES,
+    ArtifactError,
+    CacheEntry,
+    NodeCache,
+    StageRef,
+    digest,
+    local_path,
+)
 
 log = logging.getLogger(__name__)
 INDEX = "index.json"
@@ -85,7 +93,10 @@ class ArtifactCache:
         os.replace(tmp, self.root / INDEX)
 
     def report(self) -> NodeCache:
-        return NodeCache(limit_bytes=self.limit_bytes, entries=sorted(self._entries.values(), key=lambda e: e.sha256))
+        """What the head is told: every entry, or the MAX_CACHE_ENTRIES most recently used of a bigger cache
+        (the message's limit; the scheduler loses locality only for what no job used for longest)."""
+        recent = sorted(self._entries.values(), key=lambda e: e.last_used_at, reverse=True)[:MAX_CACHE_ENTRIES]
+        return NodeCache(limit_bytes=self.limit_bytes, entries=sorted(recent, key=lambda e: e.sha256))
 
     def used_bytes(self) -> int:
         return sum(e.size_bytes for e in self._entries.values())
@@ -101,6 +112,11 @@ class ArtifactCache:
     def _stage(self, ref: StageRef, in_use: Collection[str]) -> Staged:
         started = self.clock()
         entry = self._entries.get(ref.sha256)
+        if entry is not None and not (self.root / ref.sha256).is_dir():
+            # Removed behind our back (by hand, a disk cleaner): copy it again rather than fail every rank.
+            log.warning("artifact cache: %s vanished from %s; copying it again", ref.sha256[:12], self.root)
+            del self._entries[ref.sha256]
+            entry = None
         copied = entry is None
         if entry is None:
             if ref.size_bytes > self.limit_bytes:
@@ -109,10 +125,8 @@ class ArtifactCache:
                     f" over this node's cache limit of {self.limit_bytes}"
                 )
             self._evict(ref.size_bytes, {*in_use, ref.sha256})
-            self._copy_in(ref)
-            entry = CacheEntry(
-                sha256=ref.sha256, size_bytes=ref.size_bytes, copied_at=started, last_used_at=started, uses=0
-            )
+            size = self._copy_in(ref)
+            entry = CacheEntry(sha256=ref.sha256, size_bytes=size, copied_at=started, last_used_at=started, uses=0)
         now = self.clock()
         self._entries[ref.sha256] = entry.model_copy(update={"last_used_at": now, "uses": entry.uses + 1})
         self._save()
@@ -126,8 +140,16 @@ class ArtifactCache:
         return next((home / "file").iterdir())
 
     def _evict(self, need: int, keep: Collection[str]) -> None:
-        """Drop least recently used entries, none in `keep`, until `need` more bytes fit."""
+        """Drop least recently used entries, none in `keep`, until `need` more bytes fit; when even dropping
+        every other entry would not make room, ArtifactError and nothing is dropped."""
         used = self.used_bytes()
+        if used + need <= self.limit_bytes:
+            return
+        kept = sum(e.size_bytes for e in self._entries.values() if e.sha256 in keep)
+        if kept + need > self.limit_bytes:
+            raise ArtifactError(
+                f"the node cache cannot make room for {need} bytes: running jobs use the rest of its {self.limit_bytes}"
+            )
         for entry in sorted(self._entries.values(), key=lambda e: e.last_used_at):
             if used + need <= self.limit_bytes:
                 break
@@ -143,7 +165,8 @@ class ArtifactCache:
             )
         self._save()
 
-    def _copy_in(self, ref: StageRef) -> None:
+    def _copy_in(self, ref: StageRef) -> int:
+        """Copy `ref` in, checked; its size in bytes as copied."""
         incoming = Path(tempfile.mkdtemp(dir=self.root, prefix=".incoming-"))
         try:
             source = local_path(ref.source)
@@ -170,11 +193,12 @@ class ArtifactCache:
             raise ArtifactError(f"{ref.kind} {ref.ref}: cannot copy from {ref.source}: {exc.strerror or exc}") from None
         finally:
             shutil.rmtree(incoming, ignore_errors=True)
+        return size
 
 
 def _basename(uri: str) -> str:
     name = uri.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-    return name or "artifact"
+    return name if name not in ("", ".", "..") else "artifact"
 
 
 def _download(uri: str, target: Path) -> None:

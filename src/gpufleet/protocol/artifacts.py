@@ -110,9 +110,11 @@ def digest(path: Path) -> tuple[str, int]:
 
 
 def local_path(source: str) -> Path | None:
-    """The filesystem path a source names (an absolute path or a file:// URI); None for http(s)."""
+    """The filesystem path a source names (an absolute path or a file:// URI); None for http(s), and for a
+    file:// URI without an absolute path (`file://data/x`), which each agent would read from its own cwd."""
     if source.startswith("file://"):
-        return Path(source.removeprefix("file://"))
+        path = source.removeprefix("file://")
+        return Path(path) if path.startswith("/") else None
     if source.startswith("/"):
         return Path(source)
     return None

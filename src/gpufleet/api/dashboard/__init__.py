@@ -11,6 +11,7 @@ from fastapi import APIRouter
 from gpufleet.api.dashboard import (
     admin,
     alerts,
+    artifacts,
     categories,
     environments,
     gpu_map,
@@ -34,6 +35,7 @@ for _page in (
     categories,
     jobs,
     environments,
+    artifacts,
     alerts,
     logs,
     software,

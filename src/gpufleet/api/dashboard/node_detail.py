@@ -1,5 +1,6 @@
-"""The node page (`/nodes/{name}`): inventory, state and health, GPUs with their latest values, charts
-and the node's recent events. The charts draw `GET /api/v1/nodes/{name}/gpu-charts` (api.routers.monitoring).
+"""The node page (`/nodes/{name}`): inventory, state and health, GPUs with their latest values, what its
+artifact cache holds (jobs.artifacts.node_cache), charts and the node's recent events. The charts draw
+`GET /api/v1/nodes/{name}/gpu-charts` (api.routers.monitoring).
 
 The live part (everything but the charts) is re-fetched every few seconds like every page. The charts
 sit outside it, so a refresh does not redraw them: static/charts.js fetches their JSON itself, once a
@@ -31,6 +32,7 @@ from gpufleet.inventory import categories
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Gpu, Node, NodeTransition
 from gpufleet.inventory.schemas import SettingOut
+from gpufleet.jobs import artifacts
 from gpufleet.monitoring import node_series
 from gpufleet.monitoring.models import Alert
 
@@ -190,6 +192,7 @@ def node_view(view: View, name: str) -> dict[str, Any]:
         "ranges": RANGES,
         "charts": GPU_CHARTS,
         "settings": node_settings(view.session, node),
+        "cache": artifacts.node_cache(view.session, node.id),
     }
 
 

@@ -54,6 +54,8 @@ NAV: tuple[NavItem, ...] = (
     NavItem("categories", "Categories", "/categories", Permission.NODES_READ),
     NavItem("jobs", "Jobs", "/jobs", Permission.JOBS_READ),
     NavItem("environments", "Environments", "/environments", Permission.JOBS_READ),
+    NavItem("models", "Models", "/models", Permission.JOBS_READ),
+    NavItem("datasets", "Datasets", "/datasets", Permission.JOBS_READ),
     NavItem("alerts", "Alerts", "/alerts", Permission.ALERTS_READ),
     NavItem("logs", "Logs", "/logs", Permission.NODES_READ),
     NavItem("software", "Software", "/software", Permission.ASSETS_READ),
