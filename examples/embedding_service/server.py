@@ -110,6 +110,8 @@ def main() -> None:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:  # tell the client, so it does not send its next request here
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
 
@@ -121,6 +123,9 @@ def main() -> None:
 
         def do_POST(self) -> None:
             if self.path != "/embed":
+                # The body is left unread: the connection must close, or its bytes would be read as the
+                # next request on it (the head's proxy reuses connections for every caller).
+                self.close_connection = True
                 self.answer(404, {"error": f"no such path: {self.path}"})
                 return
             try:

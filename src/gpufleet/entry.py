@@ -240,6 +240,7 @@ def sim(
             gpu_model=gpu_model,
             driver_version=driver_version,
             state_dir=state_dir,
+            cache_limit_bytes=int(settings.artifact_cache_gb * 1e9),
             prefix=prefix,
             heartbeat_interval_s=heartbeat_interval,
             metrics_interval_s=settings.metrics_interval_s,

@@ -110,8 +110,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         wait_for(lambda: cluster.service()["ready"] == 2, 300, interval=1)
         yield cluster
     finally:
-        stop(agent)
+        stop(agent)  # SIGTERM: the agent kills its ranks' processes on the way out
         head.kill(signal.SIGTERM)
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(SERVER) in (p.info["cmdline"] or [])]
+    alive = [pid for pid in left if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"replica processes outlived their agent: {alive}"
 
 
 def _cosine(a: list[float], b: list[float]) -> float:

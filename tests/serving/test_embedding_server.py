@@ -5,6 +5,7 @@ with the reason (a failure under GPUFLEET_REQUIRE_SERVICES=1)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -185,6 +186,25 @@ def test_bad_input_is_a_400_and_the_replica_stays_up(replica: Replica, body: byt
 def test_unknown_path_is_a_404(replica: Replica) -> None:
     assert call(f"{replica.url}/nowhere")[0] == 404
     assert call(f"{replica.url}/nowhere", b"{}")[0] == 404
+
+
+def test_a_post_to_an_unknown_path_does_not_spoil_the_connection(replica: Replica) -> None:
+    """Its unread body would be read as the next request on a kept-alive connection (the head's proxy
+    shares its connections between callers): the replica closes the connection instead, and says so."""
+    host, port = replica.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", "/nowhere", body=b'{"texts": ["a"]}', headers={"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        answer.read()
+        assert answer.status == 404
+        assert answer.getheader("Connection") == "close"
+        conn.request("GET", "/health")  # http.client reconnects, as the closed connection asks
+        again = conn.getresponse()
+        assert again.status == 200
+        assert json.loads(again.read())["status"] == "ok"
+    finally:
+        conn.close()
 
 
 def test_missing_model_path_exits_2_saying_so(inference: Inference) -> None:

@@ -177,7 +177,7 @@ class ArtifactCache:
                 (incoming / "file").mkdir()
                 target = incoming / "file" / (source.name if source is not None else _basename(ref.source))
                 if source is None:
-                    _download(ref.source, target)
+                    _download(ref.source, target, ref.size_bytes)
                 else:
                     shutil.copyfile(source, target)
             sha, size = digest(target)
@@ -201,13 +201,18 @@ def _basename(uri: str) -> str:
     return name if name not in ("", ".", "..") else "artifact"
 
 
-def _download(uri: str, target: Path) -> None:
+def _download(uri: str, target: Path, size_bytes: int) -> None:
+    """The file at `uri`, stopped past its registered size: a wrong or hostile URL cannot fill the disk."""
+    written = 0
     try:
         with httpx.stream("GET", uri, timeout=DOWNLOAD_TIMEOUT_S, follow_redirects=True) as response:
             if response.status_code != 200:
                 raise ArtifactError(f"cannot download {uri}: HTTP {response.status_code}")
             with target.open("wb") as f:
                 for chunk in response.iter_bytes():
+                    written += len(chunk)
+                    if written > size_bytes:
+                        raise ArtifactError(f"{uri} sends more than its registered {size_bytes} bytes; stopped")
                     f.write(chunk)
     except httpx.HTTPError as exc:
         raise ArtifactError(f"cannot download {uri}: {exc}") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import signal
 
 import httpx
 
@@ -66,6 +67,11 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
     secret, pin = split_join_token(join_token) if join_token else (None, None)
 
     async def main() -> None:
+        # SIGTERM (systemd's stop) ends the agent as Ctrl-C does: its ranks' process trees are killed
+        # (JobSupervisor.close) rather than left running with no agent to report or stop them.
+        task = asyncio.current_task()
+        if task is not None:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         executor = ProcessExecutor.on_this_node(
             settings.job_spool_dir, settings.job_kill_grace_s, settings.job_podman_env, settings.job_min_uid
         )
@@ -105,5 +111,5 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
 
     try:
         asyncio.run(main())
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         return

@@ -19,6 +19,9 @@ from gpufleet.core.db import transaction
 
 log = logging.getLogger(__name__)
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Calls to inference services through the head's proxy change nothing in the cluster: they are a
+# model's traffic (a POST per embedding), and a write per call would make the audit log their access log.
+UNAUDITED_PREFIXES = ("/services/",)
 
 
 def _action(scope: Scope) -> str:
@@ -34,7 +37,11 @@ class AuditMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in MUTATING:
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in MUTATING
+            or str(scope["path"]).startswith(UNAUDITED_PREFIXES)
+        ):
             await self.app(scope, receive, send)
             return
         status = 500

@@ -64,6 +64,7 @@ class JobSupervisor:
         self.flush_s = flush_s
         self.cache = cache  # where a rank's models and datasets are staged; None: this node stages none
         self._staging = asyncio.Lock()  # one stage at a time: two ranks needing one dataset copy it once
+        self._report_task: asyncio.Task[None] | None = None
         self.ranks: dict[Key, _Rank] = {}
         self._control: deque[str] = deque()
         self._output: deque[str] = deque(maxlen=MAX_QUEUED_OUTPUT)
@@ -108,7 +109,9 @@ class JobSupervisor:
         refs = [RankRef(job_id=r.job_id, run=r.run, rank=r.rank) for r in held]
         self._send_control(JobHeld(ranks=refs).model_dump_json())
         if self.cache is not None and self.cache.in_use:
-            self._send_control(self.cache.report().model_dump_json())
+            # Off the event loop (the first report reads the cache's index and clears leftovers), and
+            # under the staging lock, so it never reads the cache halfway through a stage.
+            self._report_task = asyncio.create_task(self._report_cache(self.cache))
 
     def lose_all(self) -> None:
         """A simulated node crash: every rank's processes die with the node, and nothing is reported."""
@@ -153,17 +156,22 @@ class JobSupervisor:
         log.info("job %s rank %s: %s (exit code %s)", launch.job_id, launch.rank, result.outcome, result.exit_code)
         self._report(rank)
 
+    async def _report_cache(self, cache: ArtifactCache) -> None:
+        async with self._staging:
+            report = await asyncio.to_thread(cache.report)
+        self._send_control(report.model_dump_json())
+
     async def _stage(self, launch: JobStart) -> list[Staged]:
         """The rank's artifacts, present and checked in the node cache; the head hears what it holds."""
         cache = self.cache
         if cache is None:
             raise ArtifactError("this node has no artifact cache, so it cannot stage the job's models and datasets")
         in_use = {a.sha256 for r in self.ranks.values() if r.result is None for a in r.launch.artifacts}
-        try:
-            async with self._staging:
+        async with self._staging:
+            try:
                 return [await asyncio.to_thread(cache.stage, ref, in_use) for ref in launch.artifacts]
-        finally:
-            self._send_control(cache.report().model_dump_json())
+            finally:
+                self._send_control((await asyncio.to_thread(cache.report)).model_dump_json())
 
     def _flush_all(self) -> None:
         self._flush_handle = None
