@@ -236,3 +236,19 @@ def test_who_may_call_and_change_a_service(sessions: sessionmaker[Session], cloc
         with pytest.raises(Forbidden):
             inference.check_owner(found, "carol", admin=False)
         inference.check_owner(found, "alice", admin=False)
+
+
+@pytest.mark.usefixtures("ready")
+def test_replicas_count_against_the_projects_quota_like_jobs(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+    with transaction(sessions) as s:
+        from gpufleet.auth import projects
+
+        projects.set_quota(s, "ml", max_gpus=1, gpu_hours_budget=None)
+    create(sessions, clock, replicas=2)
+    tick(sessions, clock)
+    rows = replicas(sessions)
+    assert sorted(state for _, _, state, _ in rows) == ["pending", "running"]
+    with transaction(sessions, readonly=True) as s:
+        waiting = s.get(Job, next(j for j, _, state, _ in rows if state == "pending"))
+        assert waiting is not None
+        assert waiting.reason.startswith("quota")
