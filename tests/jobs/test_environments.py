@@ -385,3 +385,21 @@ def test_a_job_that_fits_nowhere_for_another_reason_is_not_blamed_on_the_driver(
     tick(fleet, clock)
     assert job(fleet, queued).reason.startswith("unschedulable")
     assert "driver" not in job(fleet, queued).reason  # one node takes jobs: whatever the driver, no pair
+
+
+def test_a_cpu_only_environment_needs_no_driver_and_runs_anywhere(
+    sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
+    gpu_node(sessions, clock, "old1", [OLD])
+    gpu_node(sessions, clock, "unknown1", [None])
+    env = add_env(sessions, clock, name="tokenize", version="1", cuda=None, python_prefix="/opt/envs/tok")
+    assert (env.cuda, env.min_driver) == (None, None)
+    with transaction(sessions, readonly=True) as s:
+        fits = environments.check(environments.fleet(s), environments.get(s, "tokenize"))
+    assert {f.node: (f.ok, f.takes_jobs) for f in fits} == {"old1": (True, True), "unknown1": (True, True)}
+    assert all("needs no NVIDIA driver" in f.reason for f in fits)
+    users(sessions, clock, "alice")
+    job_id = submit(sessions, clock, environment="tokenize", gpus_per_node=1)
+    assert job(sessions, job_id).min_driver is None
+    tick(sessions, clock)
+    assert job(sessions, job_id).state == JobState.RUNNING

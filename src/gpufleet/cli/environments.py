@@ -23,7 +23,7 @@ def _runtime(env: dict[str, Any]) -> str:
 
 
 def _frameworks(env: dict[str, Any]) -> str:
-    parts = [f"CUDA {env['cuda']}"]
+    parts = [f"CUDA {env['cuda']}" if env["cuda"] else "CPU only"]
     parts += [f"{label} {env[key]}" for key, label in (("pytorch", "PyTorch"), ("cudnn", "cuDNN"), ("nccl", "NCCL"))]
     return ", ".join(p for p in parts if not p.endswith(" None"))
 
@@ -52,7 +52,10 @@ def show(ctx: typer.Context, ref: Ref, output: Format = OutputOpt) -> None:
     typer.echo(f"environment {env['ref']}: {_runtime(env)}")
     typer.echo(f"carries: {_frameworks(env)}")
     nodes = env["compatible_nodes"]
-    typer.echo(f"needs NVIDIA driver {env['min_driver']} or newer ({source}); {nodes} node(s) have it")
+    if env["min_driver"] is None:
+        typer.echo(f"needs no NVIDIA driver; {nodes} node(s) take jobs")
+    else:
+        typer.echo(f"needs NVIDIA driver {env['min_driver']} or newer ({source}); {nodes} node(s) have it")
     if env["description"]:
         typer.echo(env["description"])
 
@@ -61,7 +64,7 @@ def show(ctx: typer.Context, ref: Ref, output: Format = OutputOpt) -> None:
 def add(
     ctx: typer.Context,
     ref: Annotated[str, typer.Argument(help="NAME:VERSION, e.g. pytorch:24.05", metavar="NAME:VERSION")],
-    cuda: Annotated[str, typer.Option(help="the CUDA runtime it carries, e.g. 12.4")],
+    cuda: Annotated[str | None, typer.Option(help="the CUDA runtime it carries, e.g. 12.4 (none: CPU only)")] = None,
     image: Annotated[str | None, typer.Option(help="container image reference")] = None,
     python: Annotated[str | None, typer.Option(help="prefix of a venv or conda environment on the nodes")] = None,
     pytorch: Annotated[str | None, typer.Option(help="PyTorch version it carries")] = None,
@@ -94,7 +97,8 @@ def add(
         print_json(env)
     else:
         nodes = env["compatible_nodes"]
-        typer.echo(f"added environment {env['ref']}: needs driver {env['min_driver']}, {nodes} node(s) have it")
+        needs = f"needs driver {env['min_driver']}" if env["min_driver"] else "CPU only, needs no driver"
+        typer.echo(f"added environment {env['ref']}: {needs}, {nodes} node(s) can run it")
 
 
 @app.command("remove")
@@ -113,7 +117,8 @@ def check(ctx: typer.Context, ref: Ref, output: Format = OutputOpt) -> None:
     else:
         env = found["environment"]
         rows = [fit | {"can": _can(fit)} for fit in found["nodes"]]
-        title = f"{env['ref']} needs NVIDIA driver {env['min_driver']}: {env['compatible_nodes']} of {len(rows)} can"
+        needs = f"needs NVIDIA driver {env['min_driver']}" if env["min_driver"] else "needs no NVIDIA driver"
+        title = f"{env['ref']} {needs}: {env['compatible_nodes']} of {len(rows)} can"
         table(rows, [("node", "Node"), ("driver", "Driver"), ("can", "Can run"), ("reason", "Why")], title=title)
     if not any(fit["ok"] and fit["takes_jobs"] for fit in found["nodes"]):
         raise typer.Exit(1)

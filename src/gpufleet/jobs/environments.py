@@ -29,7 +29,10 @@ from gpufleet.protocol.jobs import DEFAULT_PATH
 def add(session: Session, clock: Clock, actor: str, spec: EnvironmentIn) -> Environment:
     """Add `spec` to the catalog. Conflict if its name and version exist; InvalidInput for a CUDA version
     the driver table lacks when no driver is given."""
-    driver = parse_driver(spec.min_driver) if spec.min_driver else driver_for_cuda(spec.cuda)
+    if spec.min_driver:
+        driver: DriverVersion | None = parse_driver(spec.min_driver)
+    else:
+        driver = driver_for_cuda(spec.cuda) if spec.cuda else None  # CPU only: no driver needed
     env = Environment(
         name=spec.name,
         version=spec.version,
@@ -39,7 +42,7 @@ def add(session: Session, clock: Clock, actor: str, spec: EnvironmentIn) -> Envi
         pytorch=spec.pytorch,
         cudnn=spec.cudnn,
         nccl=spec.nccl,
-        min_driver=format_driver(driver),
+        min_driver=format_driver(driver) if driver is not None else None,
         driver_given=spec.min_driver is not None,
         description=spec.description,
         created_by=actor,
@@ -139,12 +142,15 @@ def fleet(session: Session) -> Fleet:
 
 def check(known: Fleet, env: Environment) -> list[NodeFit]:
     """Every node with GPUs, whether its driver runs `env` and whether it takes jobs now, and why not."""
-    needed = parse_driver(env.min_driver)
+    needed = parse_driver(env.min_driver) if env.min_driver else None
     fits = []
     for node_id, name, takes, why in known.nodes:
         driver = known.drivers.get(node_id)
         shown = format_driver(driver) if driver is not None else None
-        if driver is None:
+        if needed is None:
+            ok = "needs no NVIDIA driver (CPU only)"
+            fits.append(NodeFit(name, shown, True, takes, ok if takes else f"{ok}, but takes no jobs now ({why})"))
+        elif driver is None:
             fits.append(NodeFit(name, None, False, takes, "its NVIDIA driver is not known (no GPU inventory reported)"))
         elif driver < needed:
             fits.append(NodeFit(name, shown, False, takes, _too_old(driver, env)))

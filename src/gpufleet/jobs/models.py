@@ -161,11 +161,11 @@ class Environment(Base):
     version: Mapped[str] = mapped_column(String(32))
     image: Mapped[str | None] = mapped_column(String(512), default=None)  # a container image reference
     python_prefix: Mapped[str | None] = mapped_column(String(1024), default=None)  # a venv or conda prefix
-    cuda: Mapped[str] = mapped_column(String(16))
+    cuda: Mapped[str | None] = mapped_column(String(16), default=None)  # None: CPU only
     pytorch: Mapped[str | None] = mapped_column(String(32), default=None)
     cudnn: Mapped[str | None] = mapped_column(String(32), default=None)
     nccl: Mapped[str | None] = mapped_column(String(32), default=None)
-    min_driver: Mapped[str] = mapped_column(String(32))
+    min_driver: Mapped[str | None] = mapped_column(String(32), default=None)  # None: needs no NVIDIA driver
     driver_given: Mapped[bool] = mapped_column(Boolean, default=False)  # False: from the CUDA driver table
     description: Mapped[str] = mapped_column(String(512), default="")
     created_by: Mapped[str] = mapped_column(String(160))

@@ -180,7 +180,8 @@ class EnvironmentIn(BaseModel):
     version: EnvironmentVersion
     image: ImageRef | None = None
     python_prefix: Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9._/+-]*$", max_length=1024)] | None = None
-    cuda: Annotated[str, StringConstraints(pattern=r"^\d{1,2}\.\d{1,2}(\.\d{1,4})?$")]
+    # None: a CPU-only environment (a service's tokenizer, data preparation), which needs no NVIDIA driver.
+    cuda: Annotated[str, StringConstraints(pattern=r"^\d{1,2}\.\d{1,2}(\.\d{1,4})?$")] | None = None
     pytorch: FrameworkVersion | None = None
     cudnn: FrameworkVersion | None = None
     nccl: FrameworkVersion | None = None
@@ -204,11 +205,11 @@ class EnvironmentOut(BaseModel):
     ref: str
     image: str | None
     python_prefix: str | None
-    cuda: str
+    cuda: str | None
     pytorch: str | None
     cudnn: str | None
     nccl: str | None
-    min_driver: str
+    min_driver: str | None
     driver_given: bool
     description: str
     created_by: str

@@ -103,9 +103,17 @@ def upgrade() -> None:
         sa.UniqueConstraint("job_id", name=op.f("uq_service_replicas_job_id")),
     )
     op.create_index(op.f("ix_service_replicas_service_id"), "service_replicas", ["service_id"])
+    # CPU-only environments: no CUDA, so no NVIDIA driver needed.
+    with op.batch_alter_table("environments") as batch:
+        batch.alter_column("cuda", existing_type=sa.String(length=16), nullable=True)
+        batch.alter_column("min_driver", existing_type=sa.String(length=32), nullable=True)
 
 
 def downgrade() -> None:
+    op.execute("DELETE FROM environments WHERE cuda IS NULL OR min_driver IS NULL")
+    with op.batch_alter_table("environments") as batch:
+        batch.alter_column("min_driver", existing_type=sa.String(length=32), nullable=False)
+        batch.alter_column("cuda", existing_type=sa.String(length=16), nullable=False)
     op.drop_table("service_replicas")
     op.drop_table("inference_services")
     with op.batch_alter_table("jobs") as batch:
