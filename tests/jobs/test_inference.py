@@ -63,6 +63,14 @@ def service(sessions: sessionmaker[Session]) -> dict[str, Any]:
         return inference.out(s, inference.get(s, "embed")).model_dump()
 
 
+def started(sessions: sessionmaker[Session], clock: FakeClock, replicas: int = 2) -> None:
+    """A service whose replicas are placed, running, and known to the reconciler (addresses set)."""
+    create(sessions, clock, replicas)
+    tick(sessions, clock)
+    run_all(sessions, clock)
+    reconcile(sessions, clock)
+
+
 def run_all(sessions: sessionmaker[Session], clock: FakeClock) -> None:
     """The agents say every placed replica runs."""
     for job_id, _, state, _ in replicas(sessions):
@@ -74,10 +82,7 @@ def run_all(sessions: sessionmaker[Session], clock: FakeClock) -> None:
 def test_a_service_starts_its_replicas_as_jobs_with_their_own_ports(
     sessions: sessionmaker[Session], clock: FakeClock
 ) -> None:
-    create(sessions, clock)
-    tick(sessions, clock)
-    run_all(sessions, clock)
-    reconcile(sessions, clock)
+    started(sessions, clock)
     rows = replicas(sessions)
     assert [(rev, state) for _, rev, state, _ in rows] == [(1, "running"), (1, "running")]
     with transaction(sessions, readonly=True) as s:
@@ -112,10 +117,7 @@ def test_creation_is_refused_as_its_job_would_be_and_leaves_nothing(
 def test_a_dead_replica_is_replaced_and_a_crash_loop_backs_off(
     sessions: sessionmaker[Session], clock: FakeClock
 ) -> None:
-    create(sessions, clock, replicas=1)
-    tick(sessions, clock)
-    run_all(sessions, clock)
-    reconcile(sessions, clock)
+    started(sessions, clock, 1)
     ((first, *_),) = replicas(sessions)
     reconcile(sessions, clock, {first: True})
     report(sessions, clock, first, "exited", "failed", exit_code=137)  # a working replica dies
@@ -141,10 +143,7 @@ def test_a_dead_replica_is_replaced_and_a_crash_loop_backs_off(
 def test_a_replica_failing_its_checks_is_replaced_only_after_its_startup(
     sessions: sessionmaker[Session], clock: FakeClock
 ) -> None:
-    create(sessions, clock, replicas=1)
-    tick(sessions, clock)
-    run_all(sessions, clock)
-    reconcile(sessions, clock)
+    started(sessions, clock, 1)
     ((job_id, *_),) = replicas(sessions)
     for _ in range(5):  # loading its model: failing checks within startup_s (60 s) are no failure
         reconcile(sessions, clock, {job_id: False})
@@ -164,10 +163,7 @@ def test_a_replica_failing_its_checks_is_replaced_only_after_its_startup(
 def test_scaling_down_stops_the_unhealthy_first_and_up_adds_replicas(
     sessions: sessionmaker[Session], clock: FakeClock
 ) -> None:
-    create(sessions, clock, replicas=3)
-    tick(sessions, clock)
-    run_all(sessions, clock)
-    reconcile(sessions, clock)
+    started(sessions, clock, 3)
     a, b, c = (j for j, *_ in replicas(sessions))
     reconcile(sessions, clock, {a: True, b: False, c: True})
     with transaction(sessions) as s:
@@ -185,10 +181,7 @@ def test_scaling_down_stops_the_unhealthy_first_and_up_adds_replicas(
 def test_an_update_rolls_one_replica_at_a_time_and_keeps_the_count_serving(
     sessions: sessionmaker[Session], clock: FakeClock
 ) -> None:
-    create(sessions, clock, replicas=2)
-    tick(sessions, clock)
-    run_all(sessions, clock)
-    reconcile(sessions, clock)
+    started(sessions, clock, 2)
     old = [j for j, *_ in replicas(sessions)]
     health = dict.fromkeys(old, True)
     reconcile(sessions, clock, health)
