@@ -69,7 +69,7 @@ def test_operator_sees_a_fault_drains_resumes_acknowledges_and_logs_out(cluster:
     expect(page.get_by_role("navigation", name="Main").get_by_role("link")).to_have_text(
         [
             *("Overview", "Nodes", "GPU map", "Categories", "Jobs", "Environments", "Models", "Datasets"),
-            *("Alerts", "Logs", "Software", "Images", "Power", "Tasks", "Projects"),
+            *("Services", "Alerts", "Logs", "Software", "Images", "Power", "Tasks", "Projects"),
         ]
     )
     expect(page.locator("#nodes-up .value")).to_have_text(str(NODES))
@@ -187,6 +187,7 @@ def test_pages_fit_a_laptop_screen(cluster: Head, page: Page) -> None:
         "/environments",
         "/models",
         "/datasets",
+        "/services",
         "/images",
         "/power",
         "/tasks",

@@ -22,6 +22,7 @@ from gpufleet.api.dashboard import (
     nodes,
     overview,
     power,
+    services,
     software,
     tasks,
 )
@@ -36,6 +37,7 @@ for _page in (
     jobs,
     environments,
     artifacts,
+    services,
     alerts,
     logs,
     software,

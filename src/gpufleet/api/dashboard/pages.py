@@ -56,6 +56,7 @@ NAV: tuple[NavItem, ...] = (
     NavItem("environments", "Environments", "/environments", Permission.JOBS_READ),
     NavItem("models", "Models", "/models", Permission.JOBS_READ),
     NavItem("datasets", "Datasets", "/datasets", Permission.JOBS_READ),
+    NavItem("services", "Services", "/services", Permission.JOBS_READ),
     NavItem("alerts", "Alerts", "/alerts", Permission.ALERTS_READ),
     NavItem("logs", "Logs", "/logs", Permission.NODES_READ),
     NavItem("software", "Software", "/software", Permission.ASSETS_READ),
