@@ -24,6 +24,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 MAX_TEXTS = 256
 MAX_TEXT_CHARS = 10_000
@@ -116,13 +117,13 @@ def main() -> None:
             self.wfile.write(data)
 
         def do_GET(self) -> None:
-            if self.path == "/health":
+            if urlsplit(self.path).path == "/health":
                 self.answer(200, {"status": "ok", "model": name, "dim": dim})
             else:
                 self.answer(404, {"error": f"no such path: {self.path}"})
 
         def do_POST(self) -> None:
-            if self.path != "/embed":
+            if urlsplit(self.path).path != "/embed":
                 # The body is left unread: the connection must close, or its bytes would be read as the
                 # next request on it (the head's proxy reuses connections for every caller).
                 self.close_connection = True

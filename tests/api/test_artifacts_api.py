@@ -135,3 +135,22 @@ def test_a_job_of_another_project_is_refused_the_dataset(client: TestClient) -> 
     unknown = client.post("/api/v1/jobs", json={"argv": ["train"], "model": "nope"}, headers=alice)
     assert unknown.status_code == 404
     assert [j["user"] for j in client.get("/api/v1/jobs").json()] == ["alice"]
+
+
+def test_a_location_is_shown_only_to_readers_whose_projects_may_use_it(client: TestClient) -> None:
+    alice = _user_token(client, "alice")
+    bob = _user_token(client, "bob")
+    for name, member in (("alpha", "alice"), ("beta", "bob")):
+        assert client.post("/api/v1/projects", json={"name": name}).status_code == 201
+        assert client.post(f"/api/v1/projects/{name}/members", json={"user": member}).status_code in (200, 201, 204)
+    presigned = "https://store.example/imagenet.tar?X-Amz-Signature=secret"
+    assert client.post("/api/v1/datasets", json=_body(project="alpha", location=presigned)).status_code == 201
+    assert client.post("/api/v1/datasets", json=_body(name="open", location="/shared/open")).status_code == 201
+
+    owner = client.get("/api/v1/datasets/imagenet", headers=alice).json()
+    assert (owner["location"], owner["location_hidden"]) == (presigned, False)
+    other = client.get("/api/v1/datasets/imagenet", headers=bob).json()
+    assert (other["location"], other["location_hidden"]) == ("", True)
+    assert "secret" not in client.get("/api/v1/datasets", headers=bob).text
+    assert client.get("/api/v1/datasets/open", headers=bob).json()["location"] == "/shared/open"  # open to all
+    assert client.get("/api/v1/datasets/imagenet").json()["location"] == presigned  # the admin sees all

@@ -16,10 +16,12 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI, Request, Response
+from fastapi.testclient import TestClient
 
 from gpufleet.api import errors
 from gpufleet.api.service_proxy import Route, ServiceProxy
 from gpufleet.core.errors import NotFound
+from tests.api.dashboard_helpers import logged_in
 
 
 class _Echo(BaseHTTPRequestHandler):
@@ -104,6 +106,8 @@ async def _a_call_reaches_the_replica_without_the_callers_credentials(replica: s
     assert "cookie" not in sent
     assert {k.lower(): v for k, v in seen["headers"].items()}["x-trace"] == "t1"
     assert answer.headers["x-replica"] == replica.rsplit(":", 1)[1]
+    # Served from the head's origin: sandboxed, so a replica's page runs no script there.
+    assert answer.headers["content-security-policy"] == "sandbox"
     assert proxy.stats("embed")["requests_per_s"] > 0
     await proxy.close()
 
@@ -136,3 +140,12 @@ async def _no_replica_unknown_service_and_outsiders_get_clear_errors(replica: st
     assert private.status_code == 403
     assert proxy.stats("down")["requests_per_s"] == 0.0
     await proxy.close()
+
+
+def test_a_browser_session_cannot_call_a_service(client: TestClient) -> None:
+    """Only tokens: a page a replica serves comes from the head's origin and must not act as the
+    logged-in user, so the dashboard's cookie alone is refused before any replica is looked up."""
+    browser = logged_in(client, role="admin", username="root2")
+    answer = browser.get("/services/embed/health")
+    assert answer.status_code == 401
+    assert "token" in answer.json()["detail"]

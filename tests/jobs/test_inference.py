@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.db import transaction
-from gpufleet.core.errors import Conflict, Forbidden, NotFound
+from gpufleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from gpufleet.jobs import inference
 from gpufleet.jobs.models import Job, JobState, ServiceReplica
 from gpufleet.jobs.schemas import ServiceChange, ServiceCreate
@@ -245,3 +245,40 @@ def test_replicas_count_against_the_projects_quota_like_jobs(sessions: sessionma
         waiting = s.get(Job, next(j for j, _, state, _ in rows if state == "pending"))
         assert waiting is not None
         assert waiting.reason.startswith("quota")
+
+
+@pytest.mark.usefixtures("ready")
+def test_an_update_stops_the_unhealthy_old_replica_first(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+    started(sessions, clock, 2)
+    a, b = (j for j, *_ in replicas(sessions))
+    reconcile(sessions, clock, {a: True, b: False})
+    with transaction(sessions) as s:
+        inference.update(s, inference.get(s, "embed"), ServiceChange(argv=["serve", "--v2"]))
+    reconcile(sessions, clock, {a: True, b: False})  # starts the first new replica
+    run_all(sessions, clock)
+    new = next(j for j, rev, *_ in replicas(sessions) if rev == 2)
+    reconcile(sessions, clock, {a: True, b: False, new: True})  # it is ready: one old one goes
+    left = [j for j, rev, *_ in replicas(sessions) if rev == 1]
+    assert left == [a]  # the failing one went, the healthy one keeps serving
+
+
+@pytest.mark.usefixtures("ready")
+def test_scaling_down_is_not_held_back_by_a_crash_loop(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+    started(sessions, clock, 2)
+    a, b = (j for j, *_ in replicas(sessions))
+    report(sessions, clock, a, "exited", "failed", exit_code=1)  # never healthy: back-off
+    reconcile(sessions, clock, {b: False})
+    assert service(sessions)["message"]
+    with transaction(sessions) as s:
+        inference.scale(s, inference.get(s, "embed"), 0)
+    reconcile(sessions, clock, {b: False})
+    assert replicas(sessions) == []
+
+
+@pytest.mark.usefixtures("ready")
+def test_an_update_that_makes_no_valid_job_is_refused(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+    started(sessions, clock, 1)
+    too_many = {f"V{i}": "x" for i in range(128)}  # with GPUFLEET_SERVICE_NAME, one over the limit
+    with transaction(sessions) as s, pytest.raises(InvalidInput, match="not valid"):
+        inference.update(s, inference.get(s, "embed"), ServiceChange(env=too_many))
+    assert service(sessions)["revision"] == 1

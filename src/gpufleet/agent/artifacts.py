@@ -72,6 +72,9 @@ class ArtifactCache:
     # -- the index ----------------------------------------------------------------------------------
     def _load(self) -> dict[str, CacheEntry]:
         self.root.mkdir(parents=True, exist_ok=True)
+        # Traversable, not listable: a job reaches an artifact by the path it is given (its checksum),
+        # but cannot list what other projects' jobs staged here.
+        self.root.chmod(0o711)
         for leftover in self.root.glob(".incoming-*"):  # a copy a crash interrupted
             shutil.rmtree(leftover, ignore_errors=True)
         try:
@@ -186,7 +189,7 @@ class ArtifactCache:
                     f"{ref.kind} {ref.ref}: checksum mismatch after copying from {ref.source}"
                     f" (registered {ref.sha256[:12]}, got {sha[:12]}); the copy was discarded"
                 )
-            incoming.chmod(0o755)  # mkdtemp's 0700 would hide it from the jobs' users
+            _readable(incoming)  # by the jobs' users, whatever modes the source had
             incoming.rename(self.root / ref.sha256)
             log.info("artifact cache: staged %s %s (%d bytes)", ref.kind, ref.ref, size)
         except OSError as exc:
@@ -194,6 +197,16 @@ class ArtifactCache:
         finally:
             shutil.rmtree(incoming, ignore_errors=True)
         return size
+
+
+def _readable(top: Path) -> None:
+    """Directories 0755 and files 0644 under `top` (the copy is root's; its users read it)."""
+    top.chmod(0o755)
+    for parent, dirs, files in os.walk(top):
+        for name in dirs:
+            Path(parent, name).chmod(0o755)
+        for name in files:
+            Path(parent, name).chmod(0o644)
 
 
 def _basename(uri: str) -> str:

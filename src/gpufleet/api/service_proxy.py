@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,6 +26,10 @@ from fastapi import Request, Response
 from gpufleet.core.errors import BadGateway, Forbidden, Unavailable
 
 REFRESH_S = 1.0
+MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a replica's answer is held in the head's memory: bounded
+# Replicas answer from the head's own origin: a sandboxed page runs no script there, so an answer cannot
+# read the dashboard or act with a logged-in browser's session.
+_ANSWER_HEADERS = {"content-security-policy": "sandbox", "x-content-type-options": "nosniff"}
 WINDOW_S = 60.0
 MAX_SAMPLES = 100_000  # per service, within the window
 # Headers that belong to one connection (RFC 9110 section 7.6.1) or carry the caller's credentials.
@@ -50,24 +55,30 @@ class Route:
 
 @dataclass
 class ServiceStats:
+    """Calls of one service; added on the event loop, summarised on request threads: hence the lock."""
+
     samples: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, at: float, seconds: float, status: int) -> None:
-        self.samples.append((at, seconds, status))
+        with self.lock:
+            self.samples.append((at, seconds, status))
 
     def summary(self, now: float) -> dict[str, float | None]:
         """Requests a second over the window, latency percentiles in ms, and the share of 5xx answers."""
-        while self.samples and self.samples[0][0] < now - WINDOW_S:
-            self.samples.popleft()
-        if not self.samples:
+        with self.lock:
+            while self.samples and self.samples[0][0] < now - WINDOW_S:
+                self.samples.popleft()
+            recent = list(self.samples)
+        if not recent:
             return {"requests_per_s": 0.0, "p50_ms": None, "p99_ms": None, "errors": 0.0}
-        latencies = sorted(s[1] for s in self.samples)
+        latencies = sorted(s[1] for s in recent)
         count = len(latencies)
         return {
             "requests_per_s": round(count / WINDOW_S, 2),
             "p50_ms": round(1000 * latencies[(count - 1) // 2], 1),
             "p99_ms": round(1000 * latencies[min(count - 1, int(0.99 * count))], 1),
-            "errors": round(sum(1 for s in self.samples if s[2] >= 500) / count, 3),
+            "errors": round(sum(1 for s in recent if s[2] >= 500) / count, 3),
         }
 
 
@@ -105,6 +116,7 @@ class ServiceProxy:
             raise Unavailable(f"service {name} has no healthy replica now (0 of {route.wanted} ready)")
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False)
+        http = self._http
         body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
         headers["x-forwarded-for"] = request.client.host if request.client else ""
@@ -114,9 +126,7 @@ class ServiceProxy:
             address = route.addresses[(first + attempt) % len(route.addresses)]
             url = f"http://{address}/{path}"
             try:
-                answer = await self._http.request(
-                    request.method, url, params=request.query_params, content=body, headers=headers
-                )
+                status, answer_headers, content = await self._send(http, request.method, url, request, body, headers)
             except httpx.ConnectError:
                 continue  # nothing reached this replica: the next one gets the call
             except httpx.TimeoutException:
@@ -125,12 +135,29 @@ class ServiceProxy:
             except httpx.HTTPError as exc:
                 self._record(name, started, 502)
                 raise BadGateway(f"service {name}: the replica failed the call: {exc}") from None
-            self._record(name, started, answer.status_code)
-            kept = {k: v for k, v in answer.headers.items() if k.lower() not in _DROP_RESPONSE}
-            return Response(content=answer.content, status_code=answer.status_code, headers=kept)
+            except BadGateway:
+                self._record(name, started, 502)
+                raise
+            self._record(name, started, status)
+            kept = {k: v for k, v in answer_headers.items() if k.lower() not in _DROP_RESPONSE} | _ANSWER_HEADERS
+            return Response(content=content, status_code=status, headers=kept)
         self._routes.pop((name, user, admin), None)  # read the replicas again next time
         self._record(name, started, 503)
         raise Unavailable(f"service {name}: no replica accepted the connection")
+
+    @staticmethod
+    async def _send(
+        http: httpx.AsyncClient, method: str, url: str, request: Request, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, httpx.Headers, bytes]:
+        """One call to one replica; its answer read up to MAX_ANSWER_BYTES (BadGateway past that)."""
+        query = request.query_params
+        async with http.stream(method, url, params=query, content=body, headers=headers) as answer:
+            content = bytearray()
+            async for chunk in answer.aiter_bytes():
+                content += chunk
+                if len(content) > MAX_ANSWER_BYTES:
+                    raise BadGateway(f"the replica's answer is over {MAX_ANSWER_BYTES} bytes")
+            return answer.status_code, answer.headers, bytes(content)
 
     def _record(self, name: str, started: float, status: int) -> None:
         self._stats.setdefault(name, ServiceStats()).add(time.time(), time.monotonic() - started, status)

@@ -62,6 +62,18 @@ def list_projects(session: Session) -> list[Project]:
     return list(session.scalars(select(Project).order_by(Project.name)))
 
 
+def projects_of(session: Session, username: str) -> set[str]:
+    """The names of the projects `username` is a member of."""
+    return set(
+        session.scalars(
+            select(Project.name)
+            .join(ProjectMember, ProjectMember.project_id == Project.id)
+            .join(User, User.id == ProjectMember.user_id)
+            .where(User.username == username)
+        )
+    )
+
+
 def create_project(session: Session, clock: Clock, name: str, description: str = "") -> Project:
     if not PROJECT_NAME.fullmatch(name):
         raise InvalidInput(f"invalid project name {name!r}: lowercase letters, digits, '.', '_' and '-' (max 63)")

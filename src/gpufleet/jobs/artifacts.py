@@ -148,14 +148,20 @@ def cached_by_node(session: Session) -> dict[int, frozenset[str]]:
     return {node: frozenset(shas) for node, shas in found.items()}
 
 
-def out(session: Session, row: Artifact) -> ArtifactOut:
+def out(session: Session, row: Artifact, projects: set[str] | None = None) -> ArtifactOut:
+    """The artifact as the API shows it to a reader in `projects` (None: one who sees everything). Its
+    location is shown only to readers whose project may use it: an http(s) location may be a presigned
+    URL, which works as a password."""
     nodes = session.scalars(
         select(Node.name)
         .join(NodeArtifact, NodeArtifact.node_id == Node.id)
         .where(NodeArtifact.sha256 == row.sha256)
         .order_by(Node.name)
     )
-    return ArtifactOut.model_validate(row).model_copy(update={"nodes": list(nodes)})
+    shown = ArtifactOut.model_validate(row).model_copy(update={"nodes": list(nodes)})
+    if projects is not None and not any(may_use(row, p) for p in projects | {None}):
+        shown = shown.model_copy(update={"location": "", "location_hidden": True})
+    return shown
 
 
 def node_cache(session: Session, node_id: int) -> list[NodeArtifactOut]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -32,7 +33,7 @@ from sqlalchemy.orm import Session
 from gpufleet.auth.models import User
 from gpufleet.auth.projects import Project, ProjectMember
 from gpufleet.core.clock import Clock, to_datetime
-from gpufleet.core.errors import Conflict, Forbidden, GpufleetError, InvalidInput, NotFound
+from gpufleet.core.errors import Conflict, Forbidden, GpufleetError, InvalidInput, NotFound, describe
 from gpufleet.inventory.models import Node
 from gpufleet.jobs import artifacts, environments, lifecycle, submission
 from gpufleet.jobs.models import FINAL_STATES, InferenceService, Job, JobState, ServiceReplica
@@ -105,10 +106,7 @@ def _submit(
     who: submission.Submitter | None = None,
 ) -> Job:
     """One more replica of the service's current revision."""
-    body: dict[str, Any] = {k: v for k, v in service.spec.items() if k != "startup_s"}
-    body |= {"name": f"{service.name}.r{service.revision}", "user": service.user, "project": service.project}
-    body["env"] = {**(body.get("env") or {}), "GPUFLEET_SERVICE_NAME": service.name}
-    spec = JobSubmit.model_validate(body)
+    spec = replica_job(service.name, service.spec, service.user, service.project, service.revision)
     # The reconciler submits as the service's user, with no admin right: a user who left the project can
     # no longer have replicas started for it.
     as_who = who or submission.Submitter(actor=f"service:{service.name}", user=service.user, admin=False)
@@ -129,6 +127,18 @@ def _submit(
     )
     session.flush()
     return job
+
+
+def replica_job(name: str, spec: dict[str, Any], user: str, project: str | None, revision: int) -> JobSubmit:
+    """The job one replica is: the service's spec, its name, user and project, never requeued (the
+    service replaces a replica instead). InvalidInput when the spec makes no valid job."""
+    body: dict[str, Any] = {k: v for k, v in spec.items() if k != "startup_s"}
+    body |= {"name": f"{name}.r{revision}", "user": user, "project": project, "requeue": False}
+    body["env"] = {**(body.get("env") or {}), "GPUFLEET_SERVICE_NAME": name}
+    try:
+        return JobSubmit.model_validate(body)
+    except ValidationError as exc:
+        raise InvalidInput(f"the replica's job is not valid: {describe(exc)}") from None
 
 
 def _replicas(session: Session, service: InferenceService) -> list[ServiceReplica]:
@@ -200,8 +210,7 @@ def update(session: Session, service: InferenceService, change: ServiceChange) -
         spec["script"] = None
     elif change.script is not None:
         spec["argv"] = []
-    body = {k: v for k, v in spec.items() if k != "startup_s"}
-    JobSubmit.model_validate(body)  # a change that makes no valid job is refused here
+    replica_job(service.name, spec, service.user, service.project, service.revision + 1)  # InvalidInput
     service.spec = spec
     service.revision += 1
     service.message = ""
@@ -264,8 +273,10 @@ def _reconcile_one(session: Session, clock: Clock, service: InferenceService, li
             _crashed(service, row, job, now)
             changed = True
             continue
-        started = job.started_at.timestamp() if job.started_at else now
-        if row.failures >= FAILURES_TO_REPLACE and (row.ever_healthy or now - started > startup):
+        started = _process_started(job)
+        # The startup allowance counts from when its processes started, after its model was staged.
+        late = started is not None and now - started > startup
+        if row.failures >= FAILURES_TO_REPLACE and (row.ever_healthy or late):
             _retire(session, clock, row, f"service {service.name}: failed {row.failures} health checks")
             service.restarts += 1
             _crashed(service, row, job, now)
@@ -276,10 +287,10 @@ def _reconcile_one(session: Session, clock: Clock, service: InferenceService, li
         if row.healthy:
             service.crashes, service.retry_at = 0, None
         live.append(row)
-    if service.retry_at is not None and now < service.retry_at.timestamp():
-        return changed  # backing off after a crash loop: no new replica yet
+    # Backing off after a crash loop: no new replica yet (stopping replicas, for a scale-down, goes on).
+    may_start = service.retry_at is None or now >= service.retry_at.timestamp()
     try:
-        changed |= _converge(session, clock, service, live, limits)
+        changed |= _converge(session, clock, service, live, limits, may_start)
         if service.crashes == 0:
             service.message = ""
     except GpufleetError as exc:  # a replica the cluster now refuses: user left the project, quota cut
@@ -303,22 +314,30 @@ def _crashed(service: InferenceService, row: ServiceReplica, job: Job | None, no
 
 
 def _converge(
-    session: Session, clock: Clock, service: InferenceService, live: list[ServiceReplica], limits: submission.Limits
+    session: Session,
+    clock: Clock,
+    service: InferenceService,
+    live: list[ServiceReplica],
+    limits: submission.Limits,
+    may_start: bool,
 ) -> bool:
     """Start or stop replicas towards the wanted count and the current revision; True if it did."""
     current = [r for r in live if r.revision == service.revision]
-    old = [r for r in live if r.revision != service.revision]
+    old = sorted((r for r in live if r.revision != service.revision), key=lambda r: (r.healthy, r.id))
     want = service.replicas
     if old:
         ready = [r for r in current if r.healthy]
-        retire = old[: max(0, len(old) + len(ready) - want)]  # one old goes per new one ready
+        # One old replica goes per new one ready; the unhealthy ones first, so the healthy keep serving.
+        retire = old[: max(0, len(old) + len(ready) - want)]
         for row in retire:
             _retire(session, clock, row, f"service {service.name}: replaced by revision {service.revision}")
-        if len(current) < want and len(ready) == len(current):  # one new at a time, beyond the count
+        if may_start and len(current) < want and len(ready) == len(current):  # one new at a time
             _submit(session, clock, service, limits)
             return True
         return bool(retire)
     if len(current) < want:
+        if not may_start:
+            return False
         for _ in range(want - len(current)):
             _submit(session, clock, service, limits)
         return True
@@ -328,6 +347,12 @@ def _converge(
             _retire(session, clock, row, f"service {service.name}: scaled to {want}")
         return True
     return False
+
+
+def _process_started(job: Job) -> float | None:
+    """When the agent said the replica's processes run (its rank's start); None before that."""
+    rank = next((r for r in job.ranks if r.run == job.run and r.rank == 0), None)
+    return rank.started_at.timestamp() if rank is not None and rank.started_at is not None else None
 
 
 def _address(session: Session, job: Job, port: int) -> str | None:

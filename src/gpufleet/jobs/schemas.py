@@ -281,6 +281,7 @@ class ArtifactOut(BaseModel):
     created_by: str
     created_at: datetime
     nodes: list[str] = Field(default_factory=list)  # the nodes whose cache holds it
+    location_hidden: bool = False  # the reader's projects may not use it, so its location is not shown
 
 
 class NodeArtifactOut(BaseModel):

@@ -143,6 +143,9 @@ class JobSupervisor:
                 staged = await self._stage(launch)
             except ArtifactError as exc:
                 result = RankResult("error", None, str(exc)[:512])
+            except Exception as exc:  # a rank must always end with a result, or it holds its GPUs on paper
+                log.exception("job %s rank %s: staging failed", launch.job_id, launch.rank)
+                result = RankResult("error", None, f"staging its models and datasets failed: {exc}"[:512])
             else:
                 for item in staged:
                     on_output("stderr", describe_staged(item))

@@ -1,7 +1,8 @@
 """The model and dataset registries (jobs.artifacts): the same routes under /models and /datasets.
 
 Reading needs `jobs:read`; registering and removing need `artifacts:write`. Which jobs may *use* one is
-decided at submission (its project), not here. Changes are audited with the artifact as target.
+decided at submission (its project), not here; a reader whose projects may not use one sees it without
+its location. Changes are audited with the artifact as target.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Request
+from sqlalchemy.orm import Session
 
 from gpufleet.api.deps import Ctx, allow, tx
-from gpufleet.auth.policy import Permission
+from gpufleet.auth.policy import Permission, allowed
+from gpufleet.auth.projects import projects_of
 from gpufleet.auth.schemas import Principal
 from gpufleet.core.errors import InvalidInput
 from gpufleet.jobs import artifacts
@@ -21,15 +24,23 @@ Read = Annotated[Principal, allow(Permission.JOBS_READ)]
 Write = Annotated[Principal, allow(Permission.ARTIFACTS_WRITE)]
 
 
+def _projects(db: Session, who: Principal) -> set[str] | None:
+    """The reader's projects, or None for one who sees every location (registry and job admins)."""
+    if allowed(who.role, Permission.ARTIFACTS_WRITE, who.scope) or allowed(who.role, Permission.JOBS_ADMIN, who.scope):
+        return None
+    return projects_of(db, who.user) if who.user is not None else set()
+
+
 def registry(kind: str) -> APIRouter:
     """The routes of one registry, `kind` being "model" or "dataset"."""
     router = APIRouter(prefix=f"/{kind}s", tags=["models and datasets"])
 
     @router.get("", name=f"list_{kind}s")
-    def list_all(_: Read, ctx: Ctx) -> list[ArtifactOut]:
+    def list_all(who: Read, ctx: Ctx) -> list[ArtifactOut]:
         """Every version, with the nodes whose cache holds it."""
         with tx(ctx, readonly=True) as db:
-            return [artifacts.out(db, row) for row in artifacts.listing(db, kind)]
+            projects = _projects(db, who)
+            return [artifacts.out(db, row, projects) for row in artifacts.listing(db, kind)]
 
     @router.post("", status_code=201, name=f"register_{kind}")
     def register(body: ArtifactIn, who: Write, ctx: Ctx, request: Request) -> ArtifactOut:
@@ -40,10 +51,10 @@ def registry(kind: str) -> APIRouter:
             return artifacts.out(db, artifacts.register(db, ctx.clock, who.actor, body))
 
     @router.get("/{ref}", name=f"show_{kind}")
-    def show(ref: str, _: Read, ctx: Ctx) -> ArtifactOut:
+    def show(ref: str, who: Read, ctx: Ctx) -> ArtifactOut:
         """`name:version`, or `name` for the version registered last."""
         with tx(ctx, readonly=True) as db:
-            return artifacts.out(db, artifacts.get(db, kind, ref))
+            return artifacts.out(db, artifacts.get(db, kind, ref), _projects(db, who))
 
     @router.delete("/{ref}", status_code=204, name=f"remove_{kind}")
     def remove(ref: str, _: Write, ctx: Ctx, request: Request) -> None:

@@ -19,7 +19,7 @@ from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.api.service_proxy import Route
 from gpufleet.auth.policy import Permission, allowed
 from gpufleet.auth.schemas import Principal
-from gpufleet.core.errors import Forbidden, InvalidInput
+from gpufleet.core.errors import Forbidden, InvalidInput, Unauthorized
 from gpufleet.jobs import inference, output, submission
 from gpufleet.jobs.models import FINAL_STATES, InferenceService
 from gpufleet.jobs.schemas import OutputPage, ServiceChange, ServiceCreate, ServiceOut, ServiceScale
@@ -117,7 +117,11 @@ def service_logs(name: str, who: Read, ctx: Ctx) -> dict[int, OutputPage]:
 
 @proxy.api_route("/services/{name}/{path:path}", methods=PROXY_METHODS, include_in_schema=False)
 async def call_service(name: str, path: str, request: Request, who: Use, ctx: Ctx) -> Response:
-    """Forward the call to a healthy replica of the service (api.service_proxy)."""
+    """Forward the call to a healthy replica of the service (api.service_proxy). A bearer token only: a
+    browser's session cookie would let a page a replica serves act as the logged-in user (it is served
+    from the head's own origin), so a call that came with the cookie alone is refused."""
+    if request.headers.get("authorization") is None:
+        raise Unauthorized("a service takes a gpufleet token (Authorization: Bearer ...), not a browser session")
     return await ctx.services.forward(request, name, path, who.user, _admin(who))
 
 
