@@ -48,8 +48,10 @@ typecheck: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
+# loadgroup: tests marked xdist_group("NAME") run on one worker together (their module's cluster starts
+# once, not on each worker); the rest are spread as with the default `load`.
 pytest: $(STAMP) $(VENDOR_STAMP)
-	$(BIN)/pytest -n $(WORKERS) --durations=10
+	$(BIN)/pytest -n $(WORKERS) --dist loadgroup --durations=10
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d build/site

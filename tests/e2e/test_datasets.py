@@ -15,7 +15,8 @@ import pytest
 from gpufleet.protocol.artifacts import digest
 from tests.e2e.conftest import Head, cli_json, run_cli, start_sim, stop, wait_for
 
-pytestmark = pytest.mark.e2e
+# One worker runs the whole module: its module-scoped cluster is then started once, not on each worker.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_datasets")]
 NODES = 2
 
 

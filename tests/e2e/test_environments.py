@@ -13,7 +13,8 @@ import pytest
 
 from tests.e2e.conftest import Head, cli_json, run_cli, start_sim, stop, wait_for
 
-pytestmark = pytest.mark.e2e
+# One worker runs the whole module: its module-scoped cluster is then started once, not on each worker.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_environments")]
 OLD_DRIVER = "535.183.01"  # runs CUDA up to 12.2
 
 

@@ -24,7 +24,8 @@ import pytest
 from tests.conftest import need
 from tests.e2e.conftest import GPUFLEET, Head, base_env, cli_json, run_cli, stop, wait_for
 
-pytestmark = pytest.mark.e2e
+# One worker runs the whole module: its module-scoped cluster is then started once, not on each worker.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_inference_service")]
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "examples" / "embedding_service" / "server.py"
 # A root agent runs the replicas as nobody; an agent that is not root runs them as its own user.
@@ -117,9 +118,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     finally:
         stop(agent)  # SIGTERM: the agent kills its ranks' processes on the way out
         head.kill(signal.SIGTERM)
-    left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(SERVER) in (p.info["cmdline"] or [])]
-    alive = [pid for pid in left if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"replica processes outlived their agent: {alive}"
+    wait_for(lambda: not _servers_alive(), 20, interval=0.5)  # they get SIGTERM, then SIGKILL after the grace
+
+
+def _servers_alive() -> list[int]:
+    """Replica processes of this test's server still running (zombies waiting for a parent count as gone)."""
+    alive = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if str(SERVER) in (proc.info["cmdline"] or []) and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            alive.append(proc.pid)
+    return alive
 
 
 def _cosine(a: list[float], b: list[float]) -> float:

@@ -19,7 +19,8 @@ import pytest
 from gpufleet.core.hostlist import expand
 from tests.e2e.conftest import GPUFLEET, Head, base_env, run_cli, stop, wait_for
 
-pytestmark = pytest.mark.e2e
+# One worker runs the whole module: its module-scoped cluster is then started once, not on each worker.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_jobs_agent")]
 NODE = "realnode"
 
 

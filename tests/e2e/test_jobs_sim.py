@@ -13,7 +13,8 @@ import pytest
 
 from tests.e2e.conftest import Head, run_cli, start_sim, stop, wait_for
 
-pytestmark = pytest.mark.e2e
+# One worker runs the whole module: its module-scoped cluster is then started once, not on each worker.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_jobs_sim")]
 FAST = {"GPUFLEET_METRICS_INTERVAL_S": "0.5"}
 NODES = 4
 

@@ -22,7 +22,8 @@ import pytest
 
 from tests.conftest import ROOT, need
 
-pytestmark = pytest.mark.e2e
+# One worker runs the whole module: its module-scoped cluster is then started once, not on each worker.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_embedding_server")]
 
 SERVER = ROOT / "examples" / "embedding_service" / "server.py"
 DIM = 384
