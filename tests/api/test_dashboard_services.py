@@ -7,9 +7,7 @@ come from real calls through the head's proxy to a replica on loopback."""
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -23,6 +21,7 @@ from gpufleet.jobs import artifacts, inference
 from gpufleet.jobs.models import Job, JobState, ServiceReplica
 from gpufleet.jobs.schemas import ArtifactIn, ServiceCreate
 from tests.api.dashboard_helpers import logged_in
+from tests.api.loopback_replica import echo_replica
 from tests.jobs.helpers import LIMITS, as_user, cluster, project, report, tick, users
 
 ALICE = as_user("alice")
@@ -178,26 +177,10 @@ def test_a_crash_loop_shows_its_problem_and_a_pending_replica_its_place(
     assert "no, not checked yet" in row
 
 
-class _Replica(BaseHTTPRequestHandler):
-    """A replica on loopback: /fail answers 500, anything else 200."""
-
-    def do_GET(self) -> None:
-        status = 500 if self.path == "/fail" else 200
-        self.send_response(status)
-        self.send_header("content-length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *_args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def loopback() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Replica)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with echo_replica() as address:  # 201 for any path, 500 for /fail
+        yield address
 
 
 @pytest.mark.usefixtures("ready")

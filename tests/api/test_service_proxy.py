@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -22,34 +20,13 @@ from gpufleet.api import errors
 from gpufleet.api.service_proxy import Route, ServiceProxy
 from gpufleet.core.errors import NotFound
 from tests.api.dashboard_helpers import logged_in
-
-
-class _Echo(BaseHTTPRequestHandler):
-    """A replica that answers every call with what it received."""
-
-    def _answer(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length") or 0))
-        seen = {"method": self.command, "path": self.path, "headers": dict(self.headers), "body": body.decode()}
-        data = json.dumps(seen).encode()
-        self.send_response(201)
-        self.send_header("content-type", "application/json")
-        self.send_header("x-replica", str(self.server.server_address[1]))
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = _answer
-
-    def log_message(self, *_args: Any) -> None:
-        pass
+from tests.api.loopback_replica import echo_replica
 
 
 @pytest.fixture
 def replica() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with echo_replica() as address:
+        yield address
 
 
 def _closed_port() -> str:

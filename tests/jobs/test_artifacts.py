@@ -219,10 +219,13 @@ def test_record_cache_replaces_a_nodes_rows(sessions: sessionmaker[Session], clo
     _report(sessions, "n1", SHA_A, SHA_B, uses=3)
     _report(sessions, "n2", SHA_A)
     with transaction(sessions, readonly=True) as s:
-        assert artifacts.cached_by_node(s) == {
+        assert artifacts.cached_by_node(s, {SHA_A, SHA_B, SHA_C}) == {
             node_id(sessions, "n1"): frozenset({SHA_A, SHA_B}),
             node_id(sessions, "n2"): frozenset({SHA_A}),
         }
+        # Only the checksums asked for (a pass asks for what queued jobs need), none when none are asked.
+        assert artifacts.cached_by_node(s, {SHA_B}) == {node_id(sessions, "n1"): frozenset({SHA_B})}
+        assert artifacts.cached_by_node(s, set()) == {}
         shown = artifacts.node_cache(s, node_id(sessions, "n1"))
         assert sorted((e.sha256, e.uses, e.artifacts[0]) for e in shown) == [
             (SHA_A, 3, "dataset one:1"),
@@ -234,7 +237,7 @@ def test_record_cache_replaces_a_nodes_rows(sessions: sessionmaker[Session], clo
     _report(sessions, "n1", SHA_C)  # n1 evicted both, copied something unregistered
     _report(sessions, "n2")  # n2 emptied
     with transaction(sessions, readonly=True) as s:
-        assert artifacts.cached_by_node(s) == {node_id(sessions, "n1"): frozenset({SHA_C})}
+        assert artifacts.cached_by_node(s, {SHA_A, SHA_B, SHA_C}) == {node_id(sessions, "n1"): frozenset({SHA_C})}
         assert s.scalar(select(func.count()).select_from(NodeArtifact)) == 1
         assert artifacts.out(s, artifacts.get(s, "dataset", "one")).nodes == []
         assert [e.artifacts for e in artifacts.node_cache(s, node_id(sessions, "n1"))] == [[]]

@@ -16,6 +16,7 @@ Node caches: each agent reports its whole cache (`NodeCache`) after connecting a
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
@@ -140,10 +141,13 @@ def record_cache(session: Session, node_id: int, report: NodeCache) -> None:
     )
 
 
-def cached_by_node(session: Session) -> dict[int, frozenset[str]]:
-    """Every node's cached checksums, for the scheduler's data locality."""
+def cached_by_node(session: Session, wanted: Collection[str]) -> dict[int, frozenset[str]]:
+    """Which of the `wanted` checksums each node's cache holds, for the scheduler's data locality."""
+    if not wanted:
+        return {}
     found: dict[int, set[str]] = defaultdict(set)
-    for node_id, sha in session.execute(select(NodeArtifact.node_id, NodeArtifact.sha256)):
+    query = select(NodeArtifact.node_id, NodeArtifact.sha256).where(NodeArtifact.sha256.in_(list(wanted)))
+    for node_id, sha in session.execute(query):
         found[node_id].add(sha)
     return {node: frozenset(shas) for node, shas in found.items()}
 

@@ -156,7 +156,7 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
     drivers = {str(row[0]): row[-2] for row in rows if row[-2]}
     by_id = {job.id: job for job in queue}
     held = lifecycle.held_ranks(session)
-    views, gpu_ids = _nodes(session, held)
+    views, gpu_ids = _nodes(session, held, frozenset().union(*(job.data for job in queue)))
     limits = accounting.project_limits(session, now, settings.half_life_s)
     decisions = schedule(views, _running(held, now), queue, limits, now, settings.policy)
     reasons: dict[str, list[int]] = defaultdict(list)
@@ -228,7 +228,11 @@ def _schedulable(session: Session, names: set[str]) -> set[str]:
     return {name for name, state, health, drained in rows if node_schedulable(state.value, health, drained is not None)}
 
 
-def _nodes(session: Session, held: list[lifecycle.HeldRank]) -> tuple[list[NodeView], dict[str, lifecycle.NodeGpus]]:
+def _nodes(
+    session: Session, held: list[lifecycle.HeldRank], wanted: frozenset[str]
+) -> tuple[list[NodeView], dict[str, lifecycle.NodeGpus]]:
+    """Every node as the scheduler sees it; `wanted`: the checksums queued jobs need (only those of the
+    node caches are read, as a pass runs every second and most queues need none)."""
     """Every node as the scheduler sees it (GPUs free of every held rank, CPUs and memory net of them),
     and every node's GPU UUIDs for the placements."""
     busy_gpus: dict[int, set[int]] = defaultdict(set)
@@ -240,7 +244,7 @@ def _nodes(session: Session, held: list[lifecycle.HeldRank]) -> tuple[list[NodeV
             cpus_used[rank.node_id] += rank.cpus_per_node
             mem_used[rank.node_id] += rank.mem_per_node_mib
     drivers = environments.node_drivers(session)
-    cached = artifacts.cached_by_node(session)
+    cached = artifacts.cached_by_node(session, wanted)
     uuids: dict[int, dict[int, str]] = defaultdict(dict)
     for node_id, index, uuid in session.execute(select(Gpu.node_id, Gpu.index, Gpu.uuid)):
         uuids[node_id][index] = uuid
