@@ -143,7 +143,8 @@ def test_the_service_serves_embeddings_through_the_head(cluster: Cluster) -> Non
     assert _cosine(vectors[0], vectors[1]) > _cosine(vectors[0], vectors[2]) + 0.2
 
     shown = cli_json(cluster.tmp, cluster.head.url, "service", "show", "embed")
-    assert (shown["ready"], shown["model"], shown["endpoint"]) == (2, "minilm:1", "/services/embed/")
+    assert (shown["replicas"], shown["model"], shown["endpoint"]) == (2, "minilm:1", "/services/embed/")
+    assert len(shown["replica_list"]) == 2
     assert shown["environment"] == "minilm-cpu"
     assert shown["stats"]["requests_per_s"] > 0
     # The model was staged once into the node's cache and reused by the second replica.

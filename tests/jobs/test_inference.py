@@ -282,3 +282,18 @@ def test_an_update_that_makes_no_valid_job_is_refused(sessions: sessionmaker[Ses
     with transaction(sessions) as s, pytest.raises(InvalidInput, match="not valid"):
         inference.update(s, inference.get(s, "embed"), ServiceChange(env=too_many))
     assert service(sessions)["revision"] == 1
+
+
+@pytest.mark.usefixtures("ready")
+def test_a_ready_replica_leaves_the_rotation_after_two_failed_checks_not_one(
+    sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
+    started(sessions, clock, 1)
+    ((job_id, *_),) = replicas(sessions)
+    reconcile(sessions, clock, {job_id: True})
+    reconcile(sessions, clock, {job_id: False})  # one slow check on a busy node
+    assert [ok for *_, ok in replicas(sessions)] == [True]
+    reconcile(sessions, clock, {job_id: False})
+    assert [ok for *_, ok in replicas(sessions)] == [False]
+    reconcile(sessions, clock, {job_id: True})
+    assert [ok for *_, ok in replicas(sessions)] == [True]

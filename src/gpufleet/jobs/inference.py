@@ -42,6 +42,10 @@ from gpufleet.jobs.schemas import JobSubmit, ReplicaOut, ServiceChange, ServiceC
 PORT_BASE = 40_000
 PORT_SPAN = 10_000
 FAILURES_TO_REPLACE = 3
+# A ready replica leaves the proxy's rotation after this many failed checks in a row, not one: a single
+# check slower than its timeout on a busy node is no outage (and a replica that is really gone is
+# skipped by the proxy meanwhile, as it refuses the connection).
+FAILURES_TO_UNREADY = 2
 MAX_BACKOFF_S = 300.0
 ENDPOINT = "/services/{name}/"
 
@@ -246,9 +250,9 @@ def record_probes(session: Session, clock: Clock, results: dict[int, bool]) -> N
     now = to_datetime(clock.now())
     for row in session.scalars(select(ServiceReplica).where(ServiceReplica.id.in_(list(results)))):
         ok = results[row.id]
-        row.healthy = ok
-        row.ever_healthy = row.ever_healthy or ok
         row.failures = 0 if ok else row.failures + 1
+        row.healthy = ok or (row.healthy and row.failures < FAILURES_TO_UNREADY)
+        row.ever_healthy = row.ever_healthy or ok
         row.checked_at = now
 
 
