@@ -30,8 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from gpufleet.auth.models import User
-from gpufleet.auth.projects import Project, ProjectMember
+from gpufleet.auth.projects import projects_of
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Conflict, Forbidden, GpufleetError, InvalidInput, NotFound, describe
 from gpufleet.inventory.models import Node
@@ -187,13 +186,7 @@ def may_call(session: Session, service: InferenceService, user: str | None, admi
         return True
     if user is None or service.project is None:
         return False
-    member = session.scalar(
-        select(ProjectMember.user_id)
-        .join(Project, Project.id == ProjectMember.project_id)
-        .join(User, User.id == ProjectMember.user_id)
-        .where(Project.name == service.project, User.username == user)
-    )
-    return member is not None
+    return service.project in projects_of(session, user)
 
 
 def scale(session: Session, service: InferenceService, replicas: int) -> None:

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpufleet.auth.models import User
-from gpufleet.auth.projects import Project, ProjectMember, get_project
+from gpufleet.auth.projects import get_project, projects_of
 from gpufleet.auth.users import get_user
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Forbidden, InvalidInput
@@ -126,14 +125,7 @@ def _run_as(session: Session, who: Submitter, spec: JobSubmit) -> str:
 def _project(session: Session, who: Submitter, user: str, spec: JobSubmit) -> str | None:
     """The project to charge: the one named, else the user's only project, else none (a user in no project)."""
     if spec.project is None:
-        mine = list(
-            session.scalars(
-                select(Project.name)
-                .join(ProjectMember, ProjectMember.project_id == Project.id)
-                .join(User, User.id == ProjectMember.user_id)
-                .where(User.username == user)
-            )
-        )
+        mine = list(projects_of(session, user))
         if len(mine) > 1:
             raise InvalidInput(f"user {user} is in several projects ({', '.join(sorted(mine))}): pass --project")
         return mine[0] if mine else None
