@@ -100,10 +100,24 @@ class HeadClient:
         result: dict[str, Any] = self._call("GET", "/api/v1/whoami")
         return result
 
-    def list_nodes(self, names: str | None = None) -> list[dict[str, Any]]:
-        params = {"names": names} if names else None
-        result: list[dict[str, Any]] = self._call("GET", "/api/v1/nodes", params=params)
-        return result
+    def _pages(self, path: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every row of a paged list: the first page, then each `Link: <...>; rel="next"` the head names."""
+        rows: list[dict[str, Any]] = []
+        url: str | None = path
+        while url is not None:
+            try:
+                response = self._http.request("GET", url, params=params if url == path else None)
+            except httpx.HTTPError as exc:
+                raise Unavailable(f"cannot reach the head node at {self.server}: {exc}") from None
+            raise_for(response)
+            rows += response.json()
+            url = response.links.get("next", {}).get("url")
+        return rows
+
+    def list_nodes(self, names: str | None = None, page: int | None = None) -> list[dict[str, Any]]:
+        """Every node (or those `names` names), `page` at a time (the head's largest page by default)."""
+        params = ({"names": names} if names else {}) | ({"limit": page} if page else {})
+        return self._pages("/api/v1/nodes", params)
 
     def show_node(self, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/api/v1/nodes/{name}")

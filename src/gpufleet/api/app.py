@@ -116,6 +116,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 # cannot be served without its routes being checked against the policy table.
 API_ROUTERS: tuple[APIRouter, ...] = (
     nodes.router,
+    nodes.gpus,
     tokens.router,
     tokens.whoami_router,
     tokens.login_router,

@@ -55,6 +55,15 @@ class NodeOut(BaseModel):
     power_state: str | None = None  # what its BMC said last (gpufleet.power fills it in); None without a BMC
 
 
+class GpuOut(GpuInfo):
+    """A GPU in the fleet-wide list: its node, and its inventory as the node last reported it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: str
+    node_state: NodeState
+
+
 class TransitionOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 

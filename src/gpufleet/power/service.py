@@ -218,6 +218,15 @@ def _nodes_and_bmcs(session: Session, names: Sequence[str]) -> list[tuple[Node, 
     return [found[n] for n in names if n in found]
 
 
+def power_states(session: Session, node_ids: Sequence[int]) -> dict[int, str | None]:
+    """The power state each of `node_ids`' BMC reported last, by node id; a node without a BMC is absent."""
+    wanted = set(node_ids)
+    query = select(Bmc.node_id, Bmc.power_state)
+    if len(wanted) <= 500:  # a page or one node: ask for those; a whole fleet: read the (small) table
+        query = query.where(Bmc.node_id.in_(wanted))
+    return {node_id: state for node_id, state in session.execute(query) if node_id in wanted}
+
+
 def power_table(session: Session, expressions: list[str] | None = None) -> list[NodePowerOut]:
     """Every node (or those named) with its BMC's protocol and the power state last read, by name."""
     if expressions:

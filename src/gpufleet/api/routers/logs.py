@@ -5,10 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
 from pydantic import BaseModel
 from sqlalchemy import select
 
+from gpufleet.api import conditional
 from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
@@ -71,10 +73,11 @@ def list_templates(
         ]
 
 
-@router.get("")
+@router.get("", response_model=list[LogLineOut])
 def search_logs(
     _: Annotated[Principal, allow(Permission.NODES_READ)],
     ctx: Ctx,
+    request: Request,
     node: Annotated[str | None, Query(max_length=64)] = None,
     since: Annotated[datetime | None, Query(description="only lines at or after this time (ISO 8601)")] = None,
     until: Annotated[datetime | None, Query(description="only lines before this time (ISO 8601)")] = None,
@@ -83,8 +86,8 @@ def search_logs(
     events: Annotated[bool, Query(description="only lines the agents classified as events")] = False,
     q: Annotated[str | None, Query(max_length=256, description="words that must all appear")] = None,
     limit: Annotated[int, Query(ge=1, le=store.MAX_RESULTS)] = 500,
-) -> list[LogLineOut]:
-    """Newest first."""
+) -> Response:
+    """Newest first, with an `ETag`: `If-None-Match` answers 304 while no new line matches."""
     try:
         with tx(ctx, readonly=True) as db:
             found = store.search(
@@ -98,7 +101,7 @@ def search_logs(
                 text_query=q,
                 limit=limit,
             )
-            return [
+            lines = [
                 LogLineOut(
                     id=r.id,
                     node=name,
@@ -118,3 +121,4 @@ def search_logs(
             ]
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
+    return conditional.answer(request, lines)

@@ -9,7 +9,9 @@ import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import Response
 
+from gpufleet.api import conditional
 from gpufleet.api.deps import Ctx, RowId, allow, tx
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
@@ -239,16 +241,20 @@ async def inject_fault(
     return FaultOutcome(node=name, ok=result.ok, message=result.message)
 
 
-@router.get("/alerts")
+@router.get("/alerts", response_model=list[AlertOut])
 def list_alerts(
     _: Annotated[Principal, allow(Permission.ALERTS_READ)],
     ctx: Ctx,
+    request: Request,
     status: Annotated[str | None, Query(pattern="^(firing|resolved)$")] = None,
     node: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
-) -> list[AlertOut]:
+) -> Response:
+    """Newest first, with an `ETag`: `If-None-Match` answers 304 while no alert fired, resolved or was
+    acknowledged."""
     with tx(ctx, readonly=True) as db:
-        return [AlertOut.model_validate(a) for a in alerts.list_alerts(db, status, node, limit)]
+        found = [AlertOut.model_validate(a) for a in alerts.list_alerts(db, status, node, limit)]
+    return conditional.answer(request, found)
 
 
 @router.post("/alerts/{alert_id}/ack")

@@ -2,42 +2,78 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from sqlalchemy.orm import Session
+from fastapi.responses import Response
 
+from gpufleet.api import conditional
 from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.api.routers.categories import health_policy_setting
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
+from gpufleet.inventory import listing
 from gpufleet.inventory import service as inventory
-from gpufleet.inventory.schemas import NodeClone, NodeDetail, NodeOut, NodesCreate, NodeSettings
+from gpufleet.inventory.schemas import GpuOut, NodeClone, NodeDetail, NodeOut, NodesCreate, NodeSettings
 from gpufleet.power import service as power
 from gpufleet.protocol.messages import CLOSE_NODE_GONE
 from gpufleet.provisioning import networks
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
+gpus = APIRouter(prefix="/gpus", tags=["nodes"])
 
 
-@router.get("")
+@router.get("", response_model=list[NodeOut])
 def list_nodes(
     _: Annotated[Principal, allow(Permission.NODES_READ)],
     ctx: Ctx,
+    request: Request,
     names: Annotated[str | None, Query(description="hostlist filter, e.g. gpu[001-004]")] = None,
-) -> list[NodeOut]:
+    after: Annotated[str | None, Query(max_length=64, description="only nodes whose name sorts after this")] = None,
+    limit: Annotated[int, Query(ge=1, le=listing.MAX_PAGE, description="at most this many nodes")] = listing.MAX_PAGE,
+) -> Response:
+    """Nodes by name, a page at a time: when more follow, the `Link` header names the next page
+    (`rel="next"`). The `ETag` is weak: it changes when anything about a node changes but the heartbeat
+    time of a node that stays up, and `If-None-Match` with it answers 304 while nothing did."""
     with tx(ctx, readonly=True) as db:
-        nodes = [inventory.to_out(n) for n in inventory.list_nodes(db, [names] if names else None)]
-        _with_power(db, nodes, [names] if names else None)
-        return nodes
+        page = listing.node_page(db, [names] if names else None, after, limit)
+        if page.rows:
+            states = power.power_states(db, [r["id"] for r in page.rows])
+            for row in page.rows:
+                row["power_state"] = states.get(row.pop("id"))
+    return conditional.answer(
+        request, page.rows, version=listing.heartbeat_free(page.rows), headers=_next(request, page.next_after, limit)
+    )
 
 
-def _with_power(db: Session, nodes: Sequence[NodeOut], expressions: list[str] | None) -> None:
-    """The power state each node's BMC reported last: power sits above inventory, so it is added here."""
-    states = {row.node: row.power_state for row in power.power_table(db, expressions)}
-    for node in nodes:
-        node.power_state = states.get(node.name)
+def _next(request: Request, after: str | None, limit: int) -> dict[str, str]:
+    """The `Link` header to the next page, when there is one."""
+    if after is None:
+        return {}
+    url = request.url.include_query_params(after=after, limit=limit)
+    return {"Link": f'<{url.path}?{url.query}>; rel="next"'}
+
+
+@gpus.get("", response_model=list[GpuOut])
+def list_gpus(
+    _: Annotated[Principal, allow(Permission.NODES_READ)],
+    ctx: Ctx,
+    request: Request,
+    nodes: Annotated[str | None, Query(description="only the GPUs of these nodes (a hostlist)")] = None,
+    after: Annotated[
+        str | None, Query(pattern=r"^[^:]{1,64}:[0-9]{1,4}$", description="NODE:INDEX, the last GPU already read")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=listing.MAX_PAGE, description="at most this many GPUs")] = listing.MAX_PAGE,
+) -> Response:
+    """Every GPU of the fleet by node name and index, with its node's state and its inventory; paged and
+    tagged as the node list is (the `ETag` here is strong: nothing in a GPU's row moves by itself)."""
+    key = None
+    if after is not None:
+        node, _sep, index = after.rpartition(":")
+        key = (node, int(index))
+    with tx(ctx, readonly=True) as db:
+        page = listing.gpu_page(db, [nodes] if nodes else None, key, limit)
+    return conditional.answer(request, page.rows, headers=_next(request, page.next_after, limit))
 
 
 @router.post("", status_code=201)
@@ -74,7 +110,7 @@ def show_node(name: str, _: Annotated[Principal, allow(Permission.NODES_READ)], 
         node = inventory.get_node(db, name)
         detail = inventory.to_detail(db, node)
         detail.settings["health_policy"] = health_policy_setting(db, node.category)
-        _with_power(db, [detail], [name])
+        detail.power_state = power.power_states(db, [node.id]).get(node.id)
         return detail
 
 
