@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.core.clock import Clock, to_datetime
@@ -27,6 +27,7 @@ from gpufleet.protocol.jobs import JobUpdate, RankRef
 # How long past its time limit a running job may go unreported before the head ends it itself (the
 # agent enforces the limit; this is for an agent that cannot say so).
 TIMEOUT_GRACE_S = 60.0
+_LOCK_BATCH = 900  # ids per IN (...): under every SQLite build's bound-parameter limit
 
 
 def get_job(session: Session, job_id: int) -> Job:
@@ -114,6 +115,50 @@ def cancel(session: Session, clock: Clock, job_id: int, actor: str, *, user: str
         raise Conflict(f"job {job_id} has already ended ({job.state.value})")
     finish(session, clock, job, JobState.CANCELLED, f"cancelled by {actor}")
     return job
+
+
+def cancel_array(
+    session: Session, clock: Clock, array_job_id: int, actor: str, *, user: str | None, admin: bool
+) -> list[int]:
+    """Cancel every task of a job array that has not ended, by `cancel`'s rules; returns their job ids.
+
+    Pending tasks end by one UPDATE (they hold no GPUs: a requeued task's old ranks were told to stop
+    when it was requeued), running ones one by one as `cancel` ends them, their ranks told to stop.
+    """
+    tasks = session.execute(select(Job.id, Job.user, Job.state).where(Job.array_job_id == array_job_id)).all()
+    if not tasks:
+        raise NotFound(f"no such job array: {array_job_id}")
+    owner = tasks[0].user  # every task runs as the user the array was submitted for
+    if not admin and owner != user:
+        raise Forbidden(f"job array {array_job_id} belongs to {owner}; only its user or a job admin may cancel it")
+    live = sorted(job_id for job_id, _, state in tasks if state not in FINAL_STATES)
+    if not live:
+        raise Conflict(f"every task of job array {array_job_id} has already ended")
+    # Locked in id order, as `lock_jobs` does, so that a scheduler pass placing a task and this cancel
+    # never wait on each other in a cycle (PostgreSQL); ids and states only, read again under the lock.
+    pending, running = [], []
+    for start in range(0, len(live), _LOCK_BATCH):
+        query = select(Job.id, Job.state).where(Job.id.in_(live[start : start + _LOCK_BATCH]))
+        for job_id, state in session.execute(query.order_by(Job.id).with_for_update()):
+            if state is JobState.PENDING:
+                pending.append(job_id)
+            elif state is JobState.RUNNING:
+                running.append(job_id)
+    session.execute(
+        update(Job)
+        .where(Job.array_job_id == array_job_id, Job.state == JobState.PENDING)
+        .values(
+            state=JobState.CANCELLED,
+            reason=f"cancelled by {actor}"[:512],
+            exit_code=None,
+            ended_at=to_datetime(clock.now()),
+        ),
+        execution_options={"synchronize_session": False},
+    )
+    for start in range(0, len(running), _LOCK_BATCH):
+        for job in lock_jobs(session, running[start : start + _LOCK_BATCH]).values():
+            finish(session, clock, job, JobState.CANCELLED, f"cancelled by {actor}")
+    return sorted(pending + running)
 
 
 def finish(

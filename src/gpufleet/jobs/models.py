@@ -86,6 +86,12 @@ class Job(Base):
     # The models and datasets it reads (protocol.artifacts.StageRef as dicts), copied at submission like the
     # environment: the agent stages them before the rank starts; the scheduler prefers nodes that hold them.
     artifacts: Mapped[list[dict[str, object]]] = mapped_column(JSON, default=list, server_default="[]")
+    # A task of a job array (jobs.arrays): the array's job id (its first task's id, as Slurm's ArrayJobId),
+    # this task's id within it, and how many of its tasks may run at once (None: no limit). All None for
+    # a job of its own. Not a foreign key: an array is its tasks, with no row of its own.
+    array_job_id: Mapped[int | None] = mapped_column(Integer, default=None, index=True)
+    array_task_id: Mapped[int | None] = mapped_column(Integer, default=None)
+    array_throttle: Mapped[int | None] = mapped_column(Integer, default=None)
 
     ranks: Mapped[list[JobRank]] = relationship(
         back_populates="job", cascade="all, delete-orphan", order_by="(JobRank.run, JobRank.rank)", lazy="selectin"

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from gpufleet.jobs.arrays import MAX_SPEC_CHARS
 from gpufleet.jobs.models import JobState
 from gpufleet.protocol.jobs import MAX_ARGV, MAX_ENV, MAX_SCRIPT_CHARS, Arg, EnvName, EnvValue
 
@@ -53,12 +54,16 @@ class JobSubmit(BaseModel):
     environment: EnvironmentRef | None = None  # run in this catalog environment ("name" or "name:version")
     model: ArtifactRef | None = None  # a registered model, staged to the node before the job starts
     datasets: list[ArtifactRef] = Field(default_factory=list, max_length=4)  # registered datasets, staged too
+    # A job array in Slurm's syntax (`0-999`, `1,3,5-7`, `0-15:4`, with `%N` to run at most N at once):
+    # one job per task, parsed with a clear error at submit (jobs.arrays).
+    array: Annotated[str, StringConstraints(max_length=MAX_SPEC_CHARS)] | None = None
 
     @model_validator(mode="after")
     def _one_command(self) -> JobSubmit:
         if bool(self.argv) == bool(self.script):
             raise ValueError("give either a command (argv) or a script, not both and not neither")
         texts = [self.name, self.project, self.user, self.script, self.workdir, self.container, self.category]
+        texts.append(self.array)
         texts += [*self.argv, *self.env, *self.env.values()]
         if any("\x00" in t for t in texts if t):
             raise ValueError("NUL characters are not allowed")  # no process argument or database text holds one
@@ -116,6 +121,16 @@ class JobOut(BaseModel):
     partition: str | None = None  # the Slurm partition it runs in
     environment: str | None = None  # the runtime environment it runs in (name:version)
     min_driver: str | None = None  # the NVIDIA driver that environment needs; it runs only where one is
+    # A task of a job array: the array's job id (its first task's id), this task's id, how many of the
+    # array's tasks may run at once, and how many tasks the array has.
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    array_throttle: int | None = None
+    array_tasks: int | None = None
+    # A listed row that stands for its array's pending tasks (GET /jobs without expand): their task ids,
+    # compact as `5-999` or `1,3,5-7`, and how many they are. None on every other row.
+    array_pending: str | None = None
+    array_pending_count: int | None = None
 
 
 class JobDetail(JobOut):
@@ -127,6 +142,14 @@ class JobDetail(JobOut):
     env: dict[str, str] | None
     workdir: str | None
     ranks: list[RankOut]
+
+
+class ArrayCancelled(BaseModel):
+    """What cancelling a whole job array did."""
+
+    array_job_id: int
+    cancelled: int  # tasks that had not ended and now have
+    tasks: int  # tasks the array has
 
 
 class OutputChunk(BaseModel):
@@ -316,6 +339,8 @@ class ServiceCreate(BaseModel):
     def _one_node(self) -> ServiceCreate:
         if self.replica.nodes != 1:
             raise ValueError("a replica runs on one node; scale out with replicas")
+        if self.replica.array is not None:
+            raise ValueError("a replica is one job, not a job array; scale out with replicas")
         return self
 
 

@@ -6,13 +6,19 @@ the job's project may not use, requests no set of
 nodes in the inventory could ever hold, and requests over the project's quota as a whole (more GPUs
 than its `max_gpus`, or a worst case, GPUs x time limit, over its whole GPU-hour budget). A job that is
 only over what the project has *left* right now is accepted and waits with reason `quota` or `budget`.
+
+A job array (`spec.array`) is checked once, as one job of its shape, and then all its tasks are queued by
+one bulk insert in the caller's transaction: each a pending job of its own that differs only in its task
+id and its GPUFLEET_ARRAY_* variables.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import Table, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.auth.projects import get_project, projects_of
@@ -20,9 +26,9 @@ from gpufleet.auth.users import get_user
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Forbidden, InvalidInput
 from gpufleet.inventory.models import Node
-from gpufleet.jobs import artifacts, environments
+from gpufleet.jobs import arrays, artifacts, environments
 from gpufleet.jobs.models import Job, JobState
-from gpufleet.jobs.schemas import JobSubmit
+from gpufleet.jobs.schemas import MAX_COMMAND_BYTES, JobSubmit
 from gpufleet.protocol.jobs import MAX_ENV
 
 NAME_CHARS = 128  # Job.name and the job_start message's name
@@ -44,7 +50,27 @@ class Limits:
 def submit(
     session: Session, clock: Clock, who: Submitter, spec: JobSubmit, limits: Limits, *, backend: str = "builtin"
 ) -> Job:
-    """Queue a job for `backend` ("builtin", or "slurm": the Slurm sync hands it to sbatch)."""
+    """Queue a job for `backend` ("builtin", or "slurm": the Slurm sync hands it to sbatch). For a job
+    array, queue all its tasks and return the first."""
+    array = arrays.parse(spec.array) if spec.array is not None else None  # InvalidInput before any read
+    if array is not None and backend == "slurm":
+        raise InvalidInput(
+            "job arrays run on gpufleet's built-in scheduler only for now; under Slurm they will map to"
+            " sbatch --array, which is not built yet: submit the tasks as jobs of their own meanwhile"
+        )
+    values = _checked(session, clock, who, spec, limits, backend)
+    if array is not None:
+        return _submit_array(session, values, array)
+    job = Job(**values)
+    session.add(job)
+    session.flush()
+    return job
+
+
+def _checked(
+    session: Session, clock: Clock, who: Submitter, spec: JobSubmit, limits: Limits, backend: str
+) -> dict[str, Any]:
+    """Every check that can refuse the job, then the job's row as column values (nothing written)."""
     container, variables, env = spec.container, dict(spec.env), None
     if spec.environment is not None:
         env = environments.get(session, spec.environment)  # NotFound for an unknown one
@@ -79,35 +105,73 @@ def submit(
     staged = artifacts.for_job(session, project, spec.model, spec.datasets)  # NotFound, Forbidden
     if project is not None:
         _check_quota(session, project, spec.nodes * spec.gpus_per_node, time_limit)
-    job = Job(
-        name=spec.name or (spec.argv[0].rsplit("/", 1)[-1][:NAME_CHARS] if spec.argv else "script"),
-        user=run_as,
-        project=project,
-        submitted_by=who.actor,
-        state=JobState.PENDING,
-        reason="submitted: waiting for the scheduler" if backend == "builtin" else "submitted: waiting to go to Slurm",
-        nodes=spec.nodes,
-        gpus_per_node=spec.gpus_per_node,
-        cpus_per_node=spec.cpus_per_node,
-        mem_per_node_mib=spec.mem_per_node_mib,
-        time_limit_s=time_limit,
-        priority=spec.priority,
-        category=spec.category,
-        argv=list(spec.argv),
-        script=spec.script,
-        env=variables,
-        workdir=spec.workdir,
-        container=container,
-        requeue=spec.requeue,
-        backend=backend,
-        environment=env.ref if env is not None else None,
-        min_driver=env.min_driver if env is not None else None,
-        artifacts=[s.model_dump() for s in staged],
-        submitted_at=to_datetime(clock.now()),
+    return {
+        "name": spec.name or (spec.argv[0].rsplit("/", 1)[-1][:NAME_CHARS] if spec.argv else "script"),
+        "user": run_as,
+        "project": project,
+        "submitted_by": who.actor,
+        "state": JobState.PENDING,
+        "reason": "submitted: " + ("waiting for the scheduler" if backend == "builtin" else "waiting to go to Slurm"),
+        "nodes": spec.nodes,
+        "gpus_per_node": spec.gpus_per_node,
+        "cpus_per_node": spec.cpus_per_node,
+        "mem_per_node_mib": spec.mem_per_node_mib,
+        "time_limit_s": time_limit,
+        "priority": spec.priority,
+        "category": spec.category,
+        "argv": list(spec.argv),
+        "script": spec.script,
+        "env": variables,
+        "workdir": spec.workdir,
+        "container": container,
+        "requeue": spec.requeue,
+        "backend": backend,
+        "environment": env.ref if env is not None else None,
+        "min_driver": env.min_driver if env is not None else None,
+        "artifacts": [s.model_dump() for s in staged],
+        "submitted_at": to_datetime(clock.now()),
+    }
+
+
+def _submit_array(session: Session, values: dict[str, Any], array: arrays.ArraySpec) -> Job:
+    """Insert every task of the array (checked as one job in `values`); returns the first task.
+
+    One Core insert for all the tasks but the first, not an ORM object each: 10,000 tasks go in a
+    fraction of a second. The first goes in alone, as its id is the array's job id every task carries.
+    """
+    variables: dict[str, str] = values["env"]
+    widest = variables | arrays.task_variables(2**31 - 1, array.task_ids[-1], array)  # the longest values
+    if len(widest) > MAX_ENV:
+        raise InvalidInput(
+            f"the job has {len(variables)} variables and an array task {arrays.ARRAY_VARIABLES} more"
+            f" (GPUFLEET_ARRAY_*); at most {MAX_ENV}"
+        )
+    size = len(json.dumps({"argv": values["argv"], "script": values["script"], "env": widest}).encode())
+    if size > MAX_COMMAND_BYTES:
+        raise InvalidInput(
+            f"command, script and environment with the array's variables exceed {MAX_COMMAND_BYTES} bytes"
+        )
+    base = values | {"array_throttle": array.throttle}
+    first_task = array.task_ids[0]
+    first: int = session.execute(insert(Job).values(**base).returning(Job.id)).scalar_one()
+    session.execute(
+        update(Job)
+        .where(Job.id == first)
+        .values(
+            array_job_id=first,
+            array_task_id=first_task,
+            env=variables | arrays.task_variables(first, first_task, array),
+        ),
+        execution_options={"synchronize_session": False},
     )
-    session.add(job)
-    session.flush()
-    return job
+    rows = [
+        base
+        | {"array_job_id": first, "array_task_id": task, "env": variables | arrays.task_variables(first, task, array)}
+        for task in array.task_ids[1:]
+    ]
+    if rows:
+        session.execute(insert(cast(Table, Job.__table__)), rows)
+    return session.get_one(Job, first)
 
 
 def _run_as(session: Session, who: Submitter, spec: JobSubmit) -> str:

@@ -6,6 +6,8 @@ transactions:
 1. `plan`, read-only (no lock: on SQLite, heartbeat flushes and submits go on meanwhile):
    - find what must end: running runs whose node is down or gone (requeue or node_fail), runs past
      their time limit that no agent reported (timeout), ranks whose node was removed;
+   - hold back the pending tasks of throttled job arrays (`%N`) past what each may still start: at most
+     N minus its tasks running, lowest task id first, go into the queue;
    - read the cluster: each node's GPUs free of every rank that still holds them, its CPUs and memory
      net of those ranks, whether it is schedulable (up, not drained, not failed), its category and its
      topology label (`labels["switch"]`, else `labels["rack"]`);
@@ -23,15 +25,17 @@ caught by the re-check, made with the jobs' rows locked.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.core.clock import Clock
 from gpufleet.core.db import transaction
 from gpufleet.inventory.models import Gpu, Node
-from gpufleet.jobs import accounting, artifacts, environments, lifecycle
+from gpufleet.jobs import accounting, arrays, artifacts, environments, lifecycle
 from gpufleet.jobs.models import Job, JobRank, JobState, RankState
 from gpufleet.jobs.scheduler import (
     JobRequest,
@@ -116,7 +120,7 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
     orphans = lifecycle.find_orphans(session)
     # Plain rows, not objects: a pass reads thousands of queued jobs and held ranks every second, and
     # only the jobs it places are loaded as objects (in `apply`).
-    rows = session.execute(
+    rows: Sequence[Any] = session.execute(
         select(
             Job.id,
             Job.project,
@@ -131,35 +135,41 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
             Job.artifacts,
             Job.min_driver,
             Job.reason,
+            Job.array_job_id,
+            Job.array_task_id,
+            Job.array_throttle,
         ).where(Job.state == JobState.PENDING)
     ).all()
     if not rows:
         return Plan(failed, overdue, orphans, [], {}, {}, 0)
+    reasons: dict[str, list[int]] = defaultdict(list)
+    rows, throttled = _throttle(session, rows)
+    for task, text in throttled.changed.items():
+        reasons[text].append(task)
     queue = [
         JobRequest(
-            id=str(job_id),
-            project=project or "",
-            nodes=nodes,
-            gpus_per_node=gpus,
-            cpus_per_node=cpus,
-            mem_per_node_mib=mem,
-            time_limit_s=limit,
-            priority=priority,
-            submitted_at=submitted.timestamp(),
-            category=category,
-            min_driver=parse_driver(min_driver) if min_driver else None,
-            data=frozenset(str(a["sha256"]) for a in staged or ()),
+            id=str(row.id),
+            project=row.project or "",
+            nodes=row.nodes,
+            gpus_per_node=row.gpus_per_node,
+            cpus_per_node=row.cpus_per_node,
+            mem_per_node_mib=row.mem_per_node_mib,
+            time_limit_s=row.time_limit_s,
+            priority=row.priority,
+            submitted_at=row.submitted_at.timestamp(),
+            category=row.category,
+            min_driver=parse_driver(row.min_driver) if row.min_driver else None,
+            data=frozenset(str(a["sha256"]) for a in row.artifacts or ()),
         )
-        for job_id, project, nodes, gpus, cpus, mem, limit, priority, submitted, category, staged, min_driver, _ in rows
+        for row in rows
     ]
-    stored = {str(row[0]): row[-1] for row in rows}
-    drivers = {str(row[0]): row[-2] for row in rows if row[-2]}
+    stored = {str(row.id): row.reason for row in rows}
+    drivers = {str(row.id): row.min_driver for row in rows if row.min_driver}
     by_id = {job.id: job for job in queue}
     held = lifecycle.held_ranks(session)
     views, gpu_ids = _nodes(session, held, frozenset().union(*(job.data for job in queue)))
     limits = accounting.project_limits(session, now, settings.half_life_s)
     decisions = schedule(views, _running(held, now), queue, limits, now, settings.policy)
-    reasons: dict[str, list[int]] = defaultdict(list)
     unschedulable = [by_id[i] for i, why in decisions.pending.items() if why is PendingReason.UNSCHEDULABLE]
     for_driver = blocked_by_driver(views, (job for job in unschedulable if job.id in drivers))
     for job_id, why in decisions.pending.items():
@@ -168,7 +178,59 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
             text = DRIVER_REASON.format(driver=drivers[job_id])
         if stored[job_id] != text:  # unchanged reasons are not written
             reasons[text].append(int(job_id))
-    return Plan(failed, overdue, orphans, decisions.placements, dict(reasons), gpu_ids, len(decisions.pending))
+    waiting = len(decisions.pending) + throttled.waiting
+    return Plan(failed, overdue, orphans, decisions.placements, dict(reasons), gpu_ids, waiting)
+
+
+@dataclass
+class Throttled:
+    """Pending array tasks held back by their array's throttle: the reason to write for those whose
+    stored reason differs, and how many wait."""
+
+    changed: dict[int, str]
+    waiting: int
+
+
+def _throttle(session: Session, rows: Sequence[Any]) -> tuple[list[Any], Throttled]:
+    """The pending rows the scheduler may consider: all but the tasks of throttled arrays past what
+    each array may start now (its throttle minus its tasks running), lowest task id first."""
+    by_array: dict[int, list[Any]] = defaultdict(list)
+    kept = []
+    for row in rows:
+        if row.array_throttle is None:
+            kept.append(row)
+        else:
+            by_array[row.array_job_id].append(row)
+    if not by_array:
+        return kept, Throttled({}, 0)
+    running = _running_tasks(session, by_array)
+    changed: dict[int, str] = {}
+    waiting = 0
+    for array, tasks in by_array.items():
+        tasks.sort(key=lambda r: r.array_task_id)
+        limit = tasks[0].array_throttle
+        room = max(limit - running.get(array, 0), 0)
+        kept += tasks[:room]
+        text = arrays.THROTTLE_REASON.format(n=limit)
+        waiting += len(tasks[room:])
+        changed.update({row.id: text for row in tasks[room:] if row.reason != text})
+    return kept, Throttled(changed, waiting)
+
+
+def _running_tasks(session: Session, array_job_ids: Iterable[int]) -> dict[int, int]:
+    """How many tasks of each of these arrays run (placed: their ranks assigned or running)."""
+    ids = sorted(array_job_ids)
+    found: dict[int, int] = {}
+    for start in range(0, len(ids), UPDATE_BATCH):
+        query = (
+            select(Job.array_job_id, func.count())
+            .where(Job.array_job_id.in_(ids[start : start + UPDATE_BATCH]), Job.state == JobState.RUNNING)
+            .group_by(Job.array_job_id)
+        )
+        for array, count in session.execute(query):
+            if array is not None:
+                found[array] = count
+    return found
 
 
 def apply(session: Session, clock: Clock, found: Plan, settings: TickSettings) -> TickResult:

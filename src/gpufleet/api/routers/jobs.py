@@ -14,7 +14,7 @@ from gpufleet.auth.schemas import Principal
 from gpufleet.core.errors import Forbidden, InvalidInput
 from gpufleet.jobs import accounting, lifecycle, output, queries, submission
 from gpufleet.jobs.models import Job, JobState
-from gpufleet.jobs.schemas import IdleGpu, JobDetail, JobOut, JobSubmit, OutputPage, UsageReport
+from gpufleet.jobs.schemas import ArrayCancelled, IdleGpu, JobDetail, JobOut, JobSubmit, OutputPage, UsageReport
 from gpufleet.jobs.slurm import output as slurm_output
 from gpufleet.monitoring import attribution
 
@@ -40,8 +40,12 @@ def submit_job(body: JobSubmit, request: Request, who: Submit, ctx: Ctx) -> JobD
     submitter = submission.Submitter(actor=who.actor, user=who.user, admin=_admin(who))
     with tx(ctx) as db:
         job = submission.submit(db, ctx.clock, submitter, body, limits, backend=ctx.settings.workload_manager)
-        out = queries.job_detail(job, reveal=True)
-    request.state.audit_target = f"job {out.id} ({out.nodes}x{out.gpus_per_node} GPUs, project {out.project})"
+        out = queries.job_detail(db, job, reveal=True)
+    shape = f"{out.nodes}x{out.gpus_per_node} GPUs, project {out.project}"
+    if out.array_job_id is not None:  # one audit record for the whole array
+        request.state.audit_target = f"job array {out.array_job_id} ({out.array_tasks} tasks of {shape})"
+    else:
+        request.state.audit_target = f"job {out.id} ({shape})"
     ctx.jobs.wake()
     return out
 
@@ -53,20 +57,35 @@ def list_jobs(
     state: Annotated[list[JobState] | None, Query(description="only jobs in these states")] = None,
     user: Annotated[str | None, Query(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")] = None,
     project: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")] = None,
+    expand: Annotated[bool, Query(description="list each pending task of a job array, not one row per array")] = False,
+    array_job_id: Annotated[int | None, Query(ge=1, le=2**63 - 1, description="only this job array's tasks")] = None,
+    array_task_id: Annotated[int | None, Query(ge=0, le=2**31 - 1, description="with array_job_id: one task")] = None,
     limit: Annotated[int, Query(ge=1, le=queries.MAX_LIST)] = 500,
     offset: Annotated[int, Query(ge=0, le=10_000_000, description="skip this many matching jobs")] = 0,
 ) -> list[JobOut]:
-    """Running jobs first, then pending, then ended ones, newest first within each."""
+    """Running jobs first, then pending, then ended ones, newest first within each. The pending tasks of a
+    job array are one row (its lowest pending task's, with `array_pending`) unless `expand`."""
+    if array_task_id is not None and array_job_id is None:
+        raise InvalidInput("array_task_id needs array_job_id: a task id is a place in one array")
     with tx(ctx, readonly=True) as db:
-        found = queries.list_jobs(db, states=state or (), user=user, project=project, limit=limit, offset=offset)
-        return [queries.job_out(j) for j in found]
+        return queries.list_job_rows(
+            db,
+            states=state or (),
+            user=user,
+            project=project,
+            expand=expand,
+            array_job_id=array_job_id,
+            array_task_id=array_task_id,
+            limit=limit,
+            offset=offset,
+        )
 
 
 @router.get("/{job_id}")
 def show_job(job_id: RowId, who: Read, ctx: Ctx) -> JobDetail:
     with tx(ctx, readonly=True) as db:
         job = lifecycle.get_job(db, job_id)
-        return queries.job_detail(job, reveal=_reveal(who, job))
+        return queries.job_detail(db, job, reveal=_reveal(who, job))
 
 
 @router.post("/{job_id}/cancel")
@@ -75,9 +94,21 @@ def cancel_job(job_id: RowId, request: Request, who: Submit, ctx: Ctx) -> JobDet
     request.state.audit_target = f"job {job_id}"
     with tx(ctx) as db:
         job = lifecycle.cancel(db, ctx.clock, job_id, who.actor, user=who.user, admin=_admin(who))
-        out = queries.job_detail(job, reveal=True)
+        out = queries.job_detail(db, job, reveal=True)
     ctx.jobs.wake()
     return out
+
+
+@router.post("/arrays/{array_job_id}/cancel")
+def cancel_array(array_job_id: RowId, request: Request, who: Submit, ctx: Ctx) -> ArrayCancelled:
+    """End every task of a job array not yet ended, in one transaction: its user or a job admin, as for one
+    job. One task alone: POST /jobs/{its job id}/cancel."""
+    request.state.audit_target = f"job array {array_job_id}"
+    with tx(ctx) as db:
+        ended = lifecycle.cancel_array(db, ctx.clock, array_job_id, who.actor, user=who.user, admin=_admin(who))
+        tasks = queries.array_sizes(db, [array_job_id]).get(array_job_id, 0)
+    ctx.jobs.wake()
+    return ArrayCancelled(array_job_id=array_job_id, cancelled=len(ended), tasks=tasks)
 
 
 @router.get("/{job_id}/output")
