@@ -577,7 +577,18 @@ class HeadClient:
         result: dict[str, Any] = self._call("POST", "/api/v1/jobs", json=spec)
         return result
 
-    def list_jobs(self, states: list[str], user: str | None, project: str | None, limit: int) -> list[dict[str, Any]]:
+    def list_jobs(
+        self,
+        states: list[str],
+        user: str | None,
+        project: str | None,
+        limit: int,
+        *,
+        expand: bool = False,
+        array_job_id: int | None = None,
+        array_task_id: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Jobs, a job array's pending tasks as one row unless `expand` (or `array_job_id`, one array's tasks)."""
         params: dict[str, Any] = {"limit": limit}
         if states:
             params["state"] = states
@@ -585,6 +596,12 @@ class HeadClient:
             params["user"] = user
         if project is not None:
             params["project"] = project
+        if expand:
+            params["expand"] = "true"
+        if array_job_id is not None:
+            params["array_job_id"] = array_job_id
+        if array_task_id is not None:
+            params["array_task_id"] = array_task_id
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/jobs", params=params)
         return result
 
@@ -594,6 +611,11 @@ class HeadClient:
 
     def cancel_job(self, job_id: int) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", f"/api/v1/jobs/{job_id}/cancel")
+        return result
+
+    def cancel_job_array(self, array_job_id: int) -> dict[str, Any]:
+        """Cancel every task of a job array not yet ended."""
+        result: dict[str, Any] = self._call("POST", f"/api/v1/jobs/arrays/{array_job_id}/cancel")
         return result
 
     def job_output(self, job_id: int, after: int, rank: int | None) -> dict[str, Any]:

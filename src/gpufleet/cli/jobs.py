@@ -17,7 +17,7 @@ from gpufleet.cli.output import Format, OutputOpt, fields, print_json, table
 from gpufleet.cli.state import state
 from gpufleet.client import HeadClient
 from gpufleet.core.durations import parse_duration
-from gpufleet.core.errors import InvalidInput
+from gpufleet.core.errors import InvalidInput, NotFound
 from gpufleet.core.hostlist import collect
 
 app = typer.Typer(help="Jobs on the built-in scheduler: submit, follow, cancel.", no_args_is_help=True)
@@ -39,6 +39,7 @@ LIST_COLUMNS = [
 SLURM_COLUMN = ("external_id", "Slurm id")  # shown when jobs run in Slurm
 SHOW_FIELDS = [
     ("id", "Job"),
+    ("array", "Array task"),
     ("name", "Name"),
     ("user", "User"),
     ("project", "Project"),
@@ -127,8 +128,43 @@ def _where(job: dict[str, Any]) -> str:
     return reason
 
 
+def job_label(job: dict[str, Any]) -> str:
+    """The job's id as squeue shows it: `1234` for a job, `1234_7` for task 7 of job array 1234, and
+    `1234_[5-999%50]` for the row standing for the array's pending tasks (with its throttle)."""
+    array = job.get("array_job_id")
+    if array is None:
+        return str(job["id"])
+    if job.get("array_pending"):
+        throttle = f"%{job['array_throttle']}" if job.get("array_throttle") else ""
+        return f"{array}_[{job['array_pending']}{throttle}]"
+    return f"{array}_{job['array_task_id']}"
+
+
+_JOB_REF = re.compile(r"^(\d{1,19})(?:_(\d{1,10}))?$")
+
+
+def parse_job_ref(text: str) -> tuple[int, int | None]:
+    """`1234` -> (1234, None); `1234_7` -> (1234, 7): task 7 of job array 1234. Raises InvalidInput."""
+    match = _JOB_REF.match(text.strip())
+    if match is None:
+        raise InvalidInput(f"invalid job id {text!r}: a job id (1234) or an array's task (1234_7)")
+    return int(match.group(1)), int(match.group(2)) if match.group(2) is not None else None
+
+
+def resolve_job(client: HeadClient, text: str) -> int:
+    """The job id `text` names: the id itself, or the job that runs task T of array A for `A_T`."""
+    job_id, task = parse_job_ref(text)
+    if task is None:
+        return job_id
+    found = client.list_jobs([], None, None, 1, array_job_id=job_id, array_task_id=task)
+    if not found:
+        raise NotFound(f"job array {job_id} has no task {task}")
+    return int(found[0]["id"])
+
+
 def _row(job: dict[str, Any]) -> dict[str, Any]:
     return job | {
+        "id": job_label(job),
         "shape": f"{job['nodes']}x{job['gpus_per_node']}",
         "elapsed": _elapsed(job),
         "where": _where(job),
@@ -166,6 +202,13 @@ def submit(
     name: Annotated[str, typer.Option(help="a name to find the job by")] = "",
     category: Annotated[str | None, typer.Option(help="run only on nodes of this category")] = None,
     requeue: Annotated[bool, typer.Option(help="run again elsewhere if a node fails")] = False,
+    array: Annotated[
+        str | None,
+        typer.Option(
+            help="a job array, one job per task: 0-999, 1,3,5-7 or 0-15:4; %N runs at most N at once"
+            " ($GPUFLEET_ARRAY_TASK_ID says which)"
+        ),
+    ] = None,
     user: Annotated[str | None, typer.Option(help="run as this user (job admins only)")] = None,
     script: Annotated[Path | None, typer.Option(help="a script file to run with /bin/sh")] = None,
     template: Annotated[
@@ -202,6 +245,7 @@ def submit(
         "environment": environment,
         "model": model,
         "datasets": dataset or [],
+        "array": array,
     }
     client = state(ctx).client()
     if template is not None:
@@ -212,6 +256,10 @@ def submit(
     job = client.submit_job(body)
     if output is Format.json:
         print_json(job)
+    elif job.get("array_job_id") is not None:
+        typer.echo(
+            f"submitted job array {job['array_job_id']} ({job['array_tasks']} tasks; {job['state']}: {job['reason']})"
+        )
     else:
         typer.echo(f"submitted job {job['id']} ({job['state']}: {job['reason']})")
 
@@ -221,7 +269,7 @@ _OPTION_KEYS = {
     "project": "project", "user": "user", "name": "name", "nodes": "nodes", "gpus_per_node": "gpus_per_node",
     "cpus": "cpus_per_node", "mem": "mem_per_node_mib", "time_limit": "time_limit_s", "priority": "priority",
     "container": "container", "export": "env", "workdir": "workdir", "category": "category",
-    "requeue": "requeue", "environment": "environment", "model": "model", "dataset": "datasets",
+    "requeue": "requeue", "environment": "environment", "model": "model", "dataset": "datasets", "array": "array",
 }  # fmt: skip
 # Job fields a template may compute from a param of its own (torchrun's --nproc-per-node is its
 # gpus_per_node): an option for one of them goes to the template as that param, so that the command and
@@ -274,26 +322,36 @@ def list_(
     user: Annotated[str | None, typer.Option(help="only this user's jobs")] = None,
     project: Annotated[str | None, typer.Option(help="only this project's jobs")] = None,
     limit: Annotated[int, typer.Option(min=1, max=5000)] = 200,
+    expand: Annotated[
+        bool, typer.Option("--expand", "-r", help="each pending task of a job array on its own row")
+    ] = False,
     output: Format = OutputOpt,
 ) -> None:
-    """The queue: running and pending jobs (with --all, ended ones too), with why each waits."""
+    """The queue: running and pending jobs (with --all, ended ones too), with why each waits. A job array's
+    pending tasks are one row, 1234_[5-999%50], as squeue shows them; its other tasks are 1234_7."""
     states = state_ or ([] if all_ else ACTIVE)
-    jobs = state(ctx).client().list_jobs(states, user, project, limit)
+    jobs = state(ctx).client().list_jobs(states, user, project, limit, expand=expand)
     if output is Format.json:
         print_json(jobs)
         return
+    tasks = [j.get("array_pending_count") or 1 for j in jobs]  # a collapsed array row stands for its tasks
     running = sum(j["state"] == "running" for j in jobs)
-    pending = sum(j["state"] == "pending" for j in jobs)
+    pending = sum(n for j, n in zip(jobs, tasks, strict=True) if j["state"] == "pending")
     columns = list(LIST_COLUMNS)
     if any(j.get("external_id") for j in jobs):
         columns.insert(1, SLURM_COLUMN)
-    table([_row(j) for j in jobs], columns, title=f"{len(jobs)} jobs: {running} running, {pending} pending")
+    table([_row(j) for j in jobs], columns, title=f"{sum(tasks)} jobs: {running} running, {pending} pending")
 
 
 @app.command("show")
-def show(ctx: typer.Context, job_id: int, output: Format = OutputOpt) -> None:
+def show(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(help="a job id, or an array's task: 1234_7")],
+    output: Format = OutputOpt,
+) -> None:
     """One job: its request, where it runs, how it ended, its ranks."""
-    job = state(ctx).client().show_job(job_id)
+    client = state(ctx).client()
+    job = client.show_job(resolve_job(client, job_id))
     if output is Format.json:
         print_json(job)
         return
@@ -307,9 +365,12 @@ def show(ctx: typer.Context, job_id: int, output: Format = OutputOpt) -> None:
         "command": command,
         "where": "  ".join(f"{n}({','.join(map(str, g))})" for n, g in allocation.items()),
         "gpu_hours": round(job["gpu_seconds"] / 3600, 3),
+        "array": f"{job_label(job)} of {job.get('array_tasks')} tasks"
+        + (f", at most {job['array_throttle']} at once" if job.get("array_throttle") else ""),
     }
-    slurm_only = () if job.get("backend") == "slurm" else ("external_id", "partition")
-    fields(job | extra, [f for f in SHOW_FIELDS if f[0] not in slurm_only])
+    hidden: tuple[str, ...] = () if job.get("backend") == "slurm" else ("external_id", "partition")
+    hidden += () if job.get("array_job_id") is not None else ("array",)
+    fields(job | extra, [f for f in SHOW_FIELDS if f[0] not in hidden])
     if job["ranks"]:
         ranks = [r | {"gpus": ",".join(map(str, r["gpu_indexes"]))} for r in job["ranks"]]
         columns = [("run", "Run"), ("rank", "Rank"), ("node", "Node"), ("gpus", "GPUs"), ("state", "State")]
@@ -318,27 +379,44 @@ def show(ctx: typer.Context, job_id: int, output: Format = OutputOpt) -> None:
 
 
 @app.command("cancel")
-def cancel(ctx: typer.Context, job_ids: list[int], output: Format = OutputOpt) -> None:
-    """Cancel jobs: pending ones never start, running ones are killed (the whole process tree)."""
+def cancel(
+    ctx: typer.Context,
+    job_ids: Annotated[list[str], typer.Argument(help="job ids; an array's job id cancels the array, 1234_7 one task")],
+    output: Format = OutputOpt,
+) -> None:
+    """Cancel jobs: pending ones never start, running ones are killed (the whole process tree). As with
+    scancel, a job array's id cancels all its tasks not yet ended, and 1234_7 task 7 of array 1234 alone."""
     client = state(ctx).client()
-    done = [client.cancel_job(job_id) for job_id in job_ids]
+    done = [_cancel_one(client, text) for text in job_ids]
     if output is Format.json:
         print_json(done)
         return
     for job in done:
-        typer.echo(f"job {job['id']}: {job['state']} ({job['reason']})")
+        if "cancelled" in job:  # a whole array
+            typer.echo(f"job array {job['array_job_id']}: {job['cancelled']} of its {job['tasks']} tasks cancelled")
+        else:
+            typer.echo(f"job {job_label(job)}: {job['state']} ({job['reason']})")
+
+
+def _cancel_one(client: HeadClient, text: str) -> dict[str, Any]:
+    """A job (its JobDetail), an array's task (the task's), or a whole array (what the cancel did)."""
+    job_id, task = parse_job_ref(text)
+    if task is None and client.show_job(job_id).get("array_job_id") == job_id:
+        return client.cancel_job_array(job_id)
+    return client.cancel_job(resolve_job(client, text))
 
 
 @app.command("logs")
 def logs(
     ctx: typer.Context,
-    job_id: int,
+    job_ref: Annotated[str, typer.Argument(metavar="JOB_ID", help="a job id, or an array's task: 1234_7")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the job ends")] = False,
     rank: Annotated[int | None, typer.Option(help="only this rank's output (default: all)")] = None,
     poll_s: Annotated[float, typer.Option(hidden=True, min=0.05)] = 1.0,
 ) -> None:
     """A job's stdout (to stdout) and stderr (to stderr), as kept on the head."""
     client = state(ctx).client()
+    job_id = resolve_job(client, job_ref)
     after = 0
     while True:
         page = client.job_output(job_id, after, rank)
