@@ -1,6 +1,7 @@
 """The agent channel over a real WebSocket: hello, heartbeats, acks after the flush, protocol errors."""
 
 import json
+import threading
 import time
 
 import pytest
@@ -98,3 +99,37 @@ def test_a_message_the_head_cannot_record_closes_the_channel_for_a_retry(
             ws.receive_text()
     assert closed.value.code == CLOSE_TRY_AGAIN
     assert "database is locked" in (closed.value.reason or "")
+
+
+def test_heartbeats_are_read_while_a_report_waits_for_the_database(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a join storm a node's job report can queue for the database for seconds; its heartbeats must be
+    read meanwhile, or a live node is marked down with its beats sitting unread (the storm's false downs)."""
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    release, entered = threading.Event(), threading.Event()
+    record_held = ctx.jobs.record_held
+
+    def slow_held(node_id: int, message: object) -> object:
+        entered.set()
+        assert release.wait(10), "the test never released the report"
+        return record_held(node_id, message)
+
+    monkeypatch.setattr(ctx.jobs, "record_held", slow_held)
+    credential = _credential(client, "n1")
+    with client.websocket_connect("/api/v1/agent/channel", headers={"Authorization": f"Bearer {credential}"}) as ws:
+        ws.send_text(json.dumps({"type": "hello", "heartbeat_interval_s": 1.0}))
+        ws.receive_json()
+        ws.send_text(json.dumps({"type": "job_held", "ranks": []}))
+        assert entered.wait(5)
+        ws.send_text(json.dumps({"type": "heartbeat", "seq": 3}))
+        deadline = time.monotonic() + 5
+        while ctx.loops.book.latest[1].seq != 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen = ctx.loops.book.latest[1].seq
+        release.set()
+        assert seen == 3  # read while job_held was still being recorded
+        ws.send_text(json.dumps({"type": "heartbeat", "seq": 4}))
+        while ctx.loops.book.latest[1].seq != 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ctx.loops.book.latest[1].seq == 4

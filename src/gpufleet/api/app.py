@@ -156,7 +156,8 @@ async def _serving(runner: TaskRunner, request_threads: int, proxy: ServiceProxy
     proxy's connections close at shutdown."""
     # Starlette runs blocking handlers (joins, most API calls) in anyio's pool, 40 threads by default. In a
     # join storm 40 threads busy with Python work left the event loop so little of the GIL that heartbeats
-    # sat unread for seconds and live nodes were marked down; a few threads keep the database as busy.
+    # sat unread for seconds and live nodes were marked down; a few threads keep the database as busy. The
+    # agents' uploads and their channels' reports run on the same few threads (api.routers.agent).
     anyio.to_thread.current_default_thread_limiter().total_tokens = request_threads
     runner.watch()
     try:

@@ -7,9 +7,11 @@ import contextlib
 import logging
 from typing import Annotated
 
+from anyio import to_thread
 from fastapi import APIRouter, Header, Request, Response, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
+from gpufleet.api import conditional
 from gpufleet.api.deps import Ctx, allow, authenticate, bearer_token, tx
 from gpufleet.api.hub import Channel
 from gpufleet.assets import store as assets_store
@@ -50,6 +52,9 @@ from gpufleet.protocol.software import SoftwareInventory
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/agent", tags=["agent"])
 HELLO_TIMEOUT_S = 10.0
+# Reports a channel may have waiting for the database; an agent further ahead is asked to reconnect.
+REPORTS_LIMIT = 256
+Reports = asyncio.Queue[JobOutput | JobUpdate | JobHeld | NodeCache]
 
 
 @router.post("/join")
@@ -80,12 +85,12 @@ async def put_inventory(
     raw = await request.body()
     if len(raw) > MAX_INVENTORY_BYTES:
         raise PayloadTooLarge(f"inventory larger than {MAX_INVENTORY_BYTES} bytes")
-    try:
-        report = NodeInventory.model_validate_json(raw)
-    except ValidationError as exc:
-        raise InvalidInput(f"malformed inventory: {describe(exc)}") from None
 
     def store() -> None:
+        try:  # parsed off the event loop, as the software inventory is
+            report = NodeInventory.model_validate_json(raw)
+        except ValidationError as exc:
+            raise InvalidInput(f"malformed inventory: {describe(exc)}") from None
         if caller.node_id is None:  # the node role is only ever a node credential's; be explicit anyway
             raise Unauthorized("not a node credential")
         try:
@@ -94,7 +99,7 @@ async def put_inventory(
         except NotFound:
             raise Unauthorized("node no longer exists") from None
 
-    await asyncio.to_thread(store)
+    await to_thread.run_sync(store)
 
 
 @router.put("/software", status_code=204)
@@ -104,14 +109,15 @@ async def put_software(
     """What the calling node runs now (packages, drivers, firmware); the head keeps one copy per
     distinct set and re-evaluates its findings when the set changed."""
     raw = await request.body()
-    try:
-        report = SoftwareInventory.model_validate_json(raw)
-    except ValidationError as exc:
-        raise InvalidInput(f"malformed software inventory: {describe(exc)}") from None
-    distro = Distro(report.distro_ecosystem, report.distro_release or "") if report.distro_ecosystem else None
-    packages = [Installed(**p.model_dump()) for p in report.packages]
 
     def store() -> None:
+        # Parsed here, off the event loop: a package list runs to megabytes, and the loop reads heartbeats.
+        try:
+            report = SoftwareInventory.model_validate_json(raw)
+        except ValidationError as exc:
+            raise InvalidInput(f"malformed software inventory: {describe(exc)}") from None
+        distro = Distro(report.distro_ecosystem, report.distro_release or "") if report.distro_ecosystem else None
+        packages = [Installed(**p.model_dump()) for p in report.packages]
         if caller.node_id is None:
             raise Unauthorized("not a node credential")
         with transaction(ctx.sessions) as session:
@@ -119,7 +125,7 @@ async def put_software(
                 raise Unauthorized("node no longer exists")
             assets_store.report_software(session, ctx.clock, caller.node_id, distro, report.kernel, packages)
 
-    await asyncio.to_thread(store)
+    await to_thread.run_sync(store)
 
 
 def _open(ctx: Ctx, token: str) -> tuple[int, str, str | None]:
@@ -141,16 +147,18 @@ async def channel(ws: WebSocket) -> None:
     await ws.accept()
     try:
         token = bearer_token(ws.headers.get("authorization"))
-        node_id, name, fingerprint = await asyncio.to_thread(_open, ctx, token)
+        node_id, name, fingerprint = await to_thread.run_sync(_open, ctx, token)
     except GpufleetError as exc:
         await ws.close(code=CLOSE_UNAUTHORIZED, reason=str(exc)[:120])
         return
     chan = Channel(node_id=node_id, name=name, socket=ws)
     writer = asyncio.create_task(chan.write_forever())
+    reports: Reports = asyncio.Queue(REPORTS_LIMIT)
+    worker = asyncio.create_task(_record_forever(ctx, chan, reports))
     ctx.hub.register(chan)
     closing: tuple[int, str] | None = None
     try:
-        closing = await _serve(ctx, ws, chan, fingerprint)
+        closing = await _serve(ctx, ws, chan, fingerprint, reports)
     except TimeoutError:
         closing = (CLOSE_BAD_MESSAGE, "no heartbeat within ten intervals")
     except GpufleetError as exc:
@@ -164,16 +172,24 @@ async def channel(ws: WebSocket) -> None:
     finally:
         if ctx.hub.unregister(chan):
             ctx.monitoring.tracker.forget(node_id)  # another replica may hold the node now
-        writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await writer
+        for task in (worker, writer):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
     if closing is not None:
         with contextlib.suppress(Exception):
             await ws.close(code=closing[0], reason=closing[1][:120])
 
 
-async def _serve(ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None) -> tuple[int, str] | None:
-    """Read the agent's messages until it goes; returns the close code and reason for a protocol error."""
+async def _serve(
+    ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None, reports: Reports
+) -> tuple[int, str] | None:
+    """Read the agent's messages until it goes; returns the close code and reason for a protocol error.
+
+    Nothing here waits on the database: what must be written (job reports, the cache report) goes to
+    the channel's `reports` queue, in order, for `_record_forever`. A read loop that awaited a write
+    stopped reading this node's heartbeats for as long as the write queued behind a join storm's
+    inventories (seconds), and a live node was marked down with its heartbeats sitting unread."""
     interval: float | None = None
     while True:
         timeout = HELLO_TIMEOUT_S if interval is None else max(interval * 10, HELLO_TIMEOUT_S)
@@ -203,33 +219,40 @@ async def _serve(ctx: Ctx, ws: WebSocket, chan: Channel, fingerprint: str | None
             ctx.monitoring.events(chan.node_id, message.events)
         elif isinstance(message, LogLines):
             ctx.monitoring.log_lines(chan.node_id, message.lines)
-        elif isinstance(message, JobOutput | JobUpdate | JobHeld):
-            await _job_message(ctx, chan, message)
-        elif isinstance(message, NodeCache):
-            await asyncio.to_thread(ctx.jobs.record_cache, chan.node_id, message)
+        elif isinstance(message, JobOutput | JobUpdate | JobHeld | NodeCache):
+            try:
+                reports.put_nowait(message)
+            except asyncio.QueueFull:  # the agent re-sends what was not acknowledged once it reconnects
+                return CLOSE_TRY_AGAIN, f"head busy: {REPORTS_LIMIT} reports wait to be recorded; reconnect"
 
 
-async def _job_message(ctx: Ctx, chan: Channel, message: JobOutput | JobUpdate | JobHeld) -> None:
+async def _record_forever(ctx: Ctx, chan: Channel, reports: Reports) -> None:
+    """Record a channel's reports one at a time, in the order they came. A report the head could not
+    record (the database stayed locked) closes the channel, so the agent reconnects and sends it again."""
+    while True:
+        message = await reports.get()
+        try:
+            await _record(ctx, chan, message)
+        except GpufleetError as exc:
+            log.warning("node %s: closing its channel: %s", chan.name, exc)
+            chan.close(CLOSE_TRY_AGAIN, f"head busy, reconnect: {exc}"[:120])
+            return
+
+
+async def _record(ctx: Ctx, chan: Channel, message: JobOutput | JobUpdate | JobHeld | NodeCache) -> None:
     if isinstance(message, JobOutput):
         ctx.jobs.output(chan.node_id, message)
+    elif isinstance(message, NodeCache):
+        await to_thread.run_sync(ctx.jobs.record_cache, chan.node_id, message)
     elif isinstance(message, JobUpdate):
         # Acknowledged once durable, so the agent forgets a rank's end only when the head has it.
-        await asyncio.to_thread(ctx.jobs.record_update, chan.node_id, message)
+        await to_thread.run_sync(ctx.jobs.record_update, chan.node_id, message)
         if message.state == "exited":
             chan.send(JobAck(job_id=message.job_id, run=message.run, rank=message.rank).model_dump_json())
     else:
-        for stray in await asyncio.to_thread(ctx.jobs.record_held, chan.node_id, message):
+        for stray in await to_thread.run_sync(ctx.jobs.record_held, chan.node_id, message):
             stop = JobCancel(job_id=stray.job_id, run=stray.run, rank=stray.rank, reason="not a live rank of this node")
             chan.send(stop.model_dump_json())
-
-
-def _etag_matches(if_none_match: str | None, etag: str) -> bool:
-    """Whether an If-None-Match header names `etag` (a list of tags, weak ones included, or `*`)."""
-    if if_none_match is None:
-        return False
-    if if_none_match.strip() == "*":
-        return True
-    return any(tag.strip().removeprefix("W/") == etag for tag in if_none_match.split(","))
 
 
 @router.get(
@@ -249,7 +272,7 @@ def get_accounts(
     with tx(ctx, readonly=True) as db:
         listing = users.accounts_for_nodes(db)
     etag = f'"{listing.version}"'
-    if _etag_matches(if_none_match, etag):
+    if conditional.not_modified(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag})
     response.headers["ETag"] = etag
     return listing
