@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -16,7 +17,7 @@ from gpufleet.core.db import transaction
 from gpufleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from gpufleet.jobs import dispatch, lifecycle, queries, submission
 from gpufleet.jobs.models import Job, JobState
-from gpufleet.jobs.schemas import MAX_COMMAND_BYTES, JobSubmit
+from gpufleet.jobs.schemas import MAX_COMMAND_BYTES, JobSubmit, ServiceCreate
 from gpufleet.jobs.tick import plan
 from gpufleet.protocol.jobs import MAX_ENV
 from tests.jobs.helpers import (
@@ -287,3 +288,8 @@ def test_two_arrays_and_filters_collapse_apart(setup: sessionmaker[Session], clo
     assert _listed(setup, states=[JobState.PENDING]) == [(theirs, "pending", "0-2", 3), (mine, "pending", "1,3,5-7", 5)]
     assert _listed(setup, user="bob") == [(theirs, "pending", "0-2", 3)]
     assert _listed(setup, states=[JobState.RUNNING]) == []
+
+
+def test_a_service_replica_is_never_an_array() -> None:
+    with pytest.raises(ValidationError, match="not a job array"):
+        ServiceCreate(name="embed", replica=JobSubmit(argv=["serve"], array="0-3"))
