@@ -13,6 +13,7 @@ route's transaction, no sockets):
 
     .venv/bin/python bench/job_arrays.py
     .venv/bin/python bench/job_arrays.py --tasks 10000 --rounds 3 --singles 500 --json bench/results/job_arrays.json
+    .venv/bin/python bench/job_arrays.py --url postgresql+psycopg://USER@HOST:PORT/EMPTY_DB
 
 Goal (issue 22): at least 10,000 array tasks queued per second. Exit status 0 when met, 1 when not,
 2 when the benchmark could not run.
@@ -85,7 +86,8 @@ def timed(call: Any) -> tuple[float, Any]:
 
 
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    engine, sessions, clock = build(f"sqlite:///{workdir / 'gpufleet.db'}", args.nodes)
+    url = args.url or f"sqlite:///{workdir / 'gpufleet.db'}"
+    engine, sessions, clock = build(url, args.nodes)
     try:
         settings = load_settings(client_file=workdir / "none.toml", data_dir=workdir)
         app = create_app(settings, sessions, clock, run_loops=False)
@@ -132,7 +134,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 "cpus": os.cpu_count(),
                 "load_avg_1m": os.getloadavg()[0],
             },
-            "database": "sqlite",
+            "database": engine.dialect.name,
             "tasks_per_array": args.tasks,
             "array_tasks_per_s_best": round(args.tasks / best),
             "array_tasks_per_s_median": round(args.tasks / statistics.median(array_s)),
@@ -159,6 +161,9 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=16, help="nodes of 8 GPUs (the capacity check reads them)")
     parser.add_argument("--list-requests", type=int, default=10, help="timed GETs of the collapsed queue")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--url", help="an empty database to use instead of a temp SQLite one, e.g. a PostgreSQL URL (migrated here)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-arrays-") as tmp:
         try:
