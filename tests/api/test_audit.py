@@ -2,7 +2,12 @@
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import Connection, event
+
+from gpufleet.auth import audit
+from gpufleet.core.db import READONLY
 
 
 def _records(client: TestClient, **params: Any) -> list[dict[str, Any]]:
@@ -41,3 +46,40 @@ def test_the_audit_log_cannot_be_changed_or_read_by_a_node(client: TestClient) -
     node = client.post("/api/v1/agent/join", json={"name": "n2"}, headers={"Authorization": f"Bearer {join}"})
     headers = {"Authorization": f"Bearer {node.json()['credential']}"}
     assert client.get("/api/v1/audit", headers=headers).status_code == 403
+
+
+def test_a_change_and_its_record_are_one_commit(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A submission costs one commit: the job and its audit record go in the same transaction. A request
+    that changed nothing is still recorded, by the middleware, with the status it got."""
+    client.post("/api/v1/users", json={"username": "alice"})
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    commits: list[int] = []
+
+    def writing(conn: Connection) -> None:  # reads (authentication) commit a snapshot, not a write
+        if not conn.get_execution_options().get(READONLY):
+            commits.append(1)
+
+    event.listen(ctx.sessions.kw["bind"], "commit", writing)
+    job = {"argv": ["true"], "gpus_per_node": 0, "user": "alice"}
+    client.post("/api/v1/nodes", json={"names": ["n1"]})
+    commits.clear()
+    submitted = client.post("/api/v1/jobs", json=job)
+    assert submitted.status_code == 201
+    assert len(commits) == 1
+    refused = client.post("/api/v1/jobs", json=job | {"user": "nobody-here"})
+    assert refused.status_code == 404
+    rows = [(r["action"], r["target"], r["result"]) for r in _records(client)[:2]]
+    assert rows == [
+        ("jobs.submit_job", "/api/v1/jobs", 404),
+        ("jobs.submit_job", f"job {submitted.json()['id']} (1x0 GPUs, project None)", 201),
+    ]
+
+    # A change whose record cannot be written is not made either: they commit together or not at all.
+    def broken(*_a: object, **_k: object) -> None:
+        raise RuntimeError("the audit table is gone")
+
+    monkeypatch.setattr(audit, "record", broken)
+    with pytest.raises(RuntimeError):
+        client.post("/api/v1/jobs", json=job)
+    monkeypatch.undo()
+    assert [j["id"] for j in client.get("/api/v1/jobs").json()] == [submitted.json()["id"]]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+import contextlib
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from sqlalchemy.orm import Session
 
+from gpufleet.api import audit
 from gpufleet.api.context import HeadContext
 from gpufleet.auth import service as auth
 from gpufleet.auth.policy import Permission, allowed
@@ -31,11 +33,19 @@ Ctx = Annotated[HeadContext, Depends(context)]
 RowId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 
-def tx(ctx: HeadContext, *, readonly: bool = False) -> AbstractContextManager[Session]:
+@contextlib.contextmanager
+def tx(ctx: HeadContext, *, readonly: bool = False) -> Iterator[Session]:
     """The route's unit of work. Routes open it in their own body, not as a `yield` dependency: a
     dependency's commit runs in another worker thread, and with every worker busy waiting for the
-    SQLite write lock, the holder could never get one to commit and release it."""
-    return transaction(ctx.sessions, readonly=readonly)
+    SQLite write lock, the holder could never get one to commit and release it.
+
+    A writing transaction of a mutating request carries that request's audit record (`api.audit`), so the
+    change and its record cost one commit. A route that learns its audit target from the change (a new
+    job's id) sets `request.state.audit_target` before its block ends."""
+    with transaction(ctx.sessions, readonly=readonly) as session:
+        yield session
+        recorded = None if readonly else audit.record_in(session, ctx.clock)
+    audit.committed(recorded)
 
 
 def bearer_token(authorization: str | None) -> str:

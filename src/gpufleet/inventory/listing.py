@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Any
 
 import pydantic_core
-from sqlalchemy import Select, Text, and_, func, select, tuple_, type_coerce
+from sqlalchemy import Select, Text, and_, cast, func, select, tuple_
 from sqlalchemy.orm import Session, aliased
 
 from gpufleet.inventory.models import Gpu, Node
@@ -32,10 +32,10 @@ _NODE_COLUMNS = (
     Node.hostname,
     Node.category,
     # As their JSON text: most nodes share the same few labels and reasons, each parsed once (`_parsed`).
-    type_coerce(Node.labels, Text).label("labels"),
+    cast(Node.labels, Text).label("labels"),
     Node.last_seen,
     Node.health,
-    type_coerce(Node.health_reasons, Text).label("health_reasons"),
+    cast(Node.health_reasons, Text).label("health_reasons"),
     Node.drain_reason,
     Node.drained_by,
     Node.wlm_state,
@@ -67,7 +67,7 @@ class Page:
     next_after: str | None
 
 
-def _node_query() -> Select[Unpack[tuple[Any, ...]]]:
+def _node_query() -> Select[*tuple[Any, ...]]:
     """Every node's columns with its GPU count and the model of its lowest-numbered GPU (what `NodeOut`
     calls the node's GPU model), in one query: the GPUs are counted by the database, not in Python."""
     counted = (
@@ -76,7 +76,7 @@ def _node_query() -> Select[Unpack[tuple[Any, ...]]]:
         .subquery()
     )
     first = aliased(Gpu)
-    query: Select[Unpack[tuple[Any, ...]]] = (
+    query: Select[*tuple[Any, ...]] = (
         select(*_NODE_COLUMNS, counted.c.gpu_count, first.model.label("gpu_model"))
         .outerjoin(counted, counted.c.node_id == Node.id)
         .outerjoin(first, and_(first.node_id == Node.id, first.index == counted.c.first))

@@ -81,7 +81,7 @@ def start_run(body: RunIn, request: Request, who: Run, ctx: Ctx) -> TaskOut:
         plan = ansible.plan_run(db, body.request(), allow_local=ctx.settings.ansible_local_connection)
         task = ansible.create_run(db, ctx.clock, plan, created_by=who.actor)
         out = TaskOut.of(task)
-    request.state.audit_target = f"task {out.id}: {_target(plan)}"
+        request.state.audit_target = f"task {out.id}: {_target(plan)}"
     settings = ansible.RunnerSettings(
         runs_dir=ctx.settings.data_dir / "ansible",
         timeout_s=ctx.settings.ansible_timeout_s,

@@ -236,7 +236,7 @@ def _create(request: Request, ctx: HeadContext, who: Principal, name: str, sourc
         # clone_of: the source is read while the task runs (images.readers)
         clone_of = {"clone_of": source.clone_of} if source.clone_of is not None else {}
         out = _image_task(db, ctx, who, image, kind, {"image": name, "source": image.source} | clone_of)
-    request.state.audit_target = f"task {out.id}: image {name} from {out.params['source']}"[:400]
+        request.state.audit_target = f"task {out.id}: image {name} from {out.params['source']}"[:400]
     sessions, clock = ctx.sessions, ctx.clock
 
     def create(task_id: int) -> str:
@@ -301,7 +301,7 @@ def install_packages(name: str, body: InstallIn, request: Request, who: Write, c
     with tx(ctx) as db:
         image = images.begin_change(db, name)
         out = _image_task(db, ctx, who, image, "image.install", {"image": name, "packages": packages})
-    request.state.audit_target = f"task {out.id}: image {name}: install {' '.join(packages)}"[:400]
+        request.state.audit_target = f"task {out.id}: image {name}: install {' '.join(packages)}"[:400]
     sessions, clock = ctx.sessions, ctx.clock
 
     def install(task_id: int) -> str:
@@ -378,8 +378,8 @@ def sync_nodes(body: SyncIn, request: Request, who: Write, ctx: Ctx) -> TaskOut:
             created_by=who.actor,
         )
         out = TaskOut.of(task)
-    shown = hostlist.collect([p.node for p in plans])
-    request.state.audit_target = f"task {out.id}: {'dry run of ' if body.dry_run else ''}image sync {shown}"[:400]
+        shown = hostlist.collect([p.node for p in plans])
+        request.state.audit_target = f"task {out.id}: {'dry run of ' if body.dry_run else ''}image sync {shown}"[:400]
     sessions, clock = ctx.sessions, ctx.clock
 
     def work(task_ctx: TaskContext) -> str:

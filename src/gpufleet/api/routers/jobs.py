@@ -41,11 +41,12 @@ def submit_job(body: JobSubmit, request: Request, who: Submit, ctx: Ctx) -> JobD
     with tx(ctx) as db:
         job = submission.submit(db, ctx.clock, submitter, body, limits, backend=ctx.settings.workload_manager)
         out = queries.job_detail(db, job, reveal=True)
-    shape = f"{out.nodes}x{out.gpus_per_node} GPUs, project {out.project}"
-    if out.array_job_id is not None:  # one audit record for the whole array
-        request.state.audit_target = f"job array {out.array_job_id} ({out.array_tasks} tasks of {shape})"
-    else:
-        request.state.audit_target = f"job {out.id} ({shape})"
+        # Set before the block ends: the record is written in the submission's own transaction.
+        shape = f"{out.nodes}x{out.gpus_per_node} GPUs, project {out.project}"
+        if out.array_job_id is not None:  # one audit record for the whole array
+            request.state.audit_target = f"job array {out.array_job_id} ({out.array_tasks} tasks of {shape})"
+        else:
+            request.state.audit_target = f"job {out.id} ({shape})"
     ctx.jobs.wake()
     return out
 
@@ -88,7 +89,7 @@ def show_job(job_id: RowId, who: Read, ctx: Ctx) -> JobDetail:
         return queries.job_detail(db, job, reveal=_reveal(who, job))
 
 
-@router.post("/{job_id}/cancel")
+@router.post("/{job_id}/cancel", status_code=200)
 def cancel_job(job_id: RowId, request: Request, who: Submit, ctx: Ctx) -> JobDetail:
     """End a pending or running job; its processes are killed (the whole tree) on every node."""
     request.state.audit_target = f"job {job_id}"
@@ -99,7 +100,7 @@ def cancel_job(job_id: RowId, request: Request, who: Submit, ctx: Ctx) -> JobDet
     return out
 
 
-@router.post("/arrays/{array_job_id}/cancel")
+@router.post("/arrays/{array_job_id}/cancel", status_code=200)
 def cancel_array(array_job_id: RowId, request: Request, who: Submit, ctx: Ctx) -> ArrayCancelled:
     """End every task of a job array not yet ended, in one transaction: its user or a job admin, as for one
     job. One task alone: POST /jobs/{its job id}/cancel."""

@@ -120,8 +120,8 @@ def _start(request: Request, ctx: HeadContext, who: Principal, action: PowerActi
             created_by=who.actor,
         )
         out = TaskOut.of(task)
-    forced = f" (forced over jobs on {hostlist.collect(sorted(found.forced))})" if found.forced else ""
-    request.state.audit_target = f"task {out.id}: power {action.value} {hostlist.collect(found.nodes)}{forced}"
+        forced = f" (forced over jobs on {hostlist.collect(sorted(found.forced))})" if found.forced else ""
+        request.state.audit_target = f"task {out.id}: power {action.value} {hostlist.collect(found.nodes)}{forced}"
     connect = _connect(request, settings)
     sessions, clock = ctx.sessions, ctx.clock
 

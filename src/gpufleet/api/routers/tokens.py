@@ -57,7 +57,7 @@ def create_join_token(
 ) -> JoinTokenCreated:
     with tx(ctx) as db:
         token, row = auth.create_join_token(db, ctx.clock, body.expires_in_s, body.uses)
-    request.state.audit_target = f"join token #{row.id} (uses {body.uses}, expires in {body.expires_in_s}s)"
+        request.state.audit_target = f"join token #{row.id} (uses {body.uses}, expires in {body.expires_in_s}s)"
     expires_at = row.expires_at or to_datetime(ctx.clock.now() + body.expires_in_s)
     return JoinTokenCreated(
         token=tls.pin_join_token(token, ctx.ca_fingerprint),
@@ -77,7 +77,7 @@ def create_user_token(
         raise Forbidden("only admins create tokens for other users")
     with tx(ctx) as db:
         token, row = auth.create_user_token(db, ctx.clock, users.get_user(db, body.user), body.expires_in_s, body.scope)
-    request.state.audit_target = f"token #{row.id} for user {body.user} (scope {body.scope})"
+        request.state.audit_target = f"token #{row.id} for user {body.user} (scope {body.scope})"
     return UserTokenCreated(token=token, id=row.id, expires_at=row.expires_at, scope=body.scope)
 
 
