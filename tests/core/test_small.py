@@ -61,3 +61,37 @@ def test_a_periodic_loop_runs_on_wake_without_pushing_its_period_out() -> None:
     woken, periodic = asyncio.run(scenario())
     assert woken >= 15  # each wake ran a pass soon after (wakes close together may merge)
     assert 3 <= periodic <= 7
+
+
+def test_a_burst_of_wakes_costs_a_pass_per_gap() -> None:
+    """A scheduler woken by each of a burst of submissions runs once per `wake_gap_s`, not once per wake,
+    and still runs soon after the burst's last wake."""
+    import asyncio
+
+    from gpufleet.core.loops import run_periodic
+
+    async def scenario() -> tuple[int, float]:
+        stop, wake = asyncio.Event(), asyncio.Event()
+        at: list[float] = []
+        loop = asyncio.get_running_loop()
+
+        async def step() -> None:
+            at.append(loop.time())
+
+        task = asyncio.create_task(run_periodic("test", 10.0, step, stop, wake=wake, wake_gap_s=0.2))
+        await asyncio.sleep(0.05)  # the first pass
+        started = loop.time()
+        for _ in range(100):  # a wake every 10 ms for a second
+            wake.set()
+            await asyncio.sleep(0.01)
+        last_wake = loop.time()
+        await asyncio.sleep(0.4)
+        stop.set()
+        await task
+        during = [t for t in at if started <= t <= last_wake]
+        after = [t - last_wake for t in at if t > last_wake]
+        return len(during), min(after, default=1.0)
+
+    during, lag = asyncio.run(scenario())
+    assert 3 <= during <= 7  # about one pass per 0.2 s over the 1 s burst, not a hundred
+    assert lag <= 0.3  # the burst's last wake is served within about a gap

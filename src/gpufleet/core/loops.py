@@ -18,9 +18,11 @@ async def run_periodic(
     *,
     once: bool = False,
     wake: asyncio.Event | None = None,
+    wake_gap_s: float = 0.0,
 ) -> None:
-    """Call `step` every `interval_s` until `stop` is set (or once), and at once whenever `wake` is set.
-    Exceptions are logged, never propagated."""
+    """Call `step` every `interval_s` until `stop` is set (or once), and at once whenever `wake` is set,
+    but no sooner than `wake_gap_s` after the last pass ended: a burst of wakes (a thousand submissions
+    in a second) then costs a pass per gap, not a pass per wake. Exceptions are logged, never propagated."""
     loop = asyncio.get_running_loop()
     next_at = loop.time()
     while not stop.is_set():
@@ -32,6 +34,7 @@ async def run_periodic(
             log.exception("loop %s: pass failed; continuing", name)
         if once:
             return
+        ended = loop.time()
         # Fixed-rate schedule: a slow pass shortens the next wait instead of drifting the period.
         next_at = max(next_at + interval_s, loop.time())
         with contextlib.suppress(TimeoutError):
@@ -40,8 +43,16 @@ async def run_periodic(
             elif await _either(stop, wake, next_at - loop.time()):
                 # Woken: this pass is an extra one, so the next periodic pass is a whole period after it.
                 # (Counting it as the scheduled one would push every later pass a period further out.)
+                if wake_gap_s > 0:
+                    await _stopped_within(stop, ended + wake_gap_s - loop.time())
                 wake.clear()
                 next_at = loop.time()
+
+
+async def _stopped_within(stop: asyncio.Event, within_s: float) -> None:
+    """Wait `within_s`, or less if `stop` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=max(0.0, within_s))
 
 
 async def _either(stop: asyncio.Event, wake: asyncio.Event, within_s: float) -> bool:

@@ -46,6 +46,10 @@ from gpufleet.protocol.jobs import JobHeld, JobOutput, JobUpdate, RankRef
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 DISPATCH_S = 0.5
+# A pass reads the whole queue; woken by every submission of a burst it would run back to back and take the
+# CPU the submissions need. Woken, it waits until this long after the last pass: a job still starts within
+# a fraction of a second, and a thousand submissions cost a few passes.
+SCHEDULE_WAKE_GAP_S = 0.25
 OUTPUT_FLUSH_S = 0.5
 PROBE_TIMEOUT_S = 2.0  # a replica's health check; longer counts as a failure
 MAX_BUFFERED_CHUNKS = 10_000  # beyond it the oldest chunks are dropped (the node's spool keeps them)
@@ -260,7 +264,14 @@ class JobLoops:
 
         try:
             await asyncio.gather(
-                run_periodic("scheduler", self._schedule_interval_s(), schedule_step, stop, wake=self._schedule_now),
+                run_periodic(
+                    "scheduler",
+                    self._schedule_interval_s(),
+                    schedule_step,
+                    stop,
+                    wake=self._schedule_now,
+                    wake_gap_s=SCHEDULE_WAKE_GAP_S,
+                ),
                 run_periodic("job-dispatch", DISPATCH_S, dispatch_step, stop, wake=self._dispatch_now),
                 run_periodic("job-output", OUTPUT_FLUSH_S, flush_step, stop),
                 run_periodic("job-attribution", attribution.ATTRIBUTION_INTERVAL_S, attribute_step, stop),
