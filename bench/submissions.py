@@ -83,7 +83,9 @@ def wrk_posts(head: Head, connections: int, duration: float, workdir: Path) -> d
     wall = time.perf_counter() - before
     rate = float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1))  # type: ignore[union-attr]
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    latency = {q: seconds(m.group(1)) * 1000 for q in ("50%", "99%") if (m := re.search(rf"{q}\s+(\S+)", out))}
+    latency = {
+        q: seconds(m.group(1)) * 1000 for q in ("50%", "99%") if (m := re.search(rf"^\s+{q}\s+(\S+)", out, re.M))
+    }
     return {
         "connections": connections,
         "per_s": rate,
@@ -151,13 +153,26 @@ def sbatch_loops(env: dict[str, str], parallel: int, duration: float) -> dict[st
     return {"parallel": parallel, "per_s": round(sum(done) / wall, 1), "failed": sum(failed)}
 
 
+def cancel_all(env: dict[str, str]) -> None:
+    """Cancel what the bench submitted, and wait until Slurm has forgotten it (MaxJobCount counts it)."""
+    subprocess.run(["scancel", "--user", os.environ.get("USER", "root")], env=env, check=False)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        queue = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True, check=False)
+        if not queue.stdout.strip():
+            return
+        time.sleep(1)
+
+
 def sbatch_array(env: dict[str, str], tasks: int) -> dict[str, Any]:
     started = time.perf_counter()
-    subprocess.run(
+    done = subprocess.run(
         ["sbatch", "--hold", "--parsable", "-o", "/dev/null", f"--array=0-{tasks - 1}", "--wrap", "true"],
-        env=env, capture_output=True, text=True, check=True,
+        env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     took = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"sbatch --array failed: {done.stderr.strip()}")
     return {"tasks": tasks, "seconds": round(took, 3), "tasks_per_s": round(tasks / took)}
 
 
@@ -204,10 +219,18 @@ def main() -> int:
     env = None if args.no_slurm else slurm_env()
     if env is not None:
         try:
-            report["sbatch"] = [sbatch_loops(env, c, args.duration) for c in args.connections]
-            report["sbatch_array"] = [sbatch_array(env, 1001) for _ in range(args.repeat)]
+            report["sbatch"] = []
+            for parallel in args.connections:
+                cancel_all(env)
+                report["sbatch"].append(sbatch_loops(env, parallel, args.duration))
+            report["sbatch_array"] = []
+            for _ in range(args.repeat):
+                cancel_all(env)
+                report["sbatch_array"].append(sbatch_array(env, 1001))
+        except RuntimeError as exc:
+            print(f"note: {exc}")
         finally:
-            subprocess.run(["scancel", "--user", os.environ.get("USER", "root")], env=env, check=False)
+            cancel_all(env)
     print(f"\nsubmissions on {report['database']}, {report['cpus']} CPUs")
     for s in report["single"]:
         print(

@@ -7,7 +7,7 @@ import re
 from datetime import datetime
 
 from sqlalchemy import Enum, Float, ForeignKey, Integer, String, select
-from sqlalchemy.orm import Mapped, Session, mapped_column, relationship
+from sqlalchemy.orm import Mapped, Session, mapped_column, noload, relationship
 
 from gpufleet.auth.models import User
 from gpufleet.auth.users import get_user
@@ -51,8 +51,13 @@ class ProjectMember(Base):
     user: Mapped[User] = relationship(lazy="joined")
 
 
-def get_project(session: Session, name: str) -> Project:
-    project = session.scalar(select(Project).where(Project.name == name))
+def get_project(session: Session, name: str, *, members: bool = True) -> Project:
+    """The project named `name`, with its members unless `members` is False (a submission reads only its
+    quotas). Raises NotFound."""
+    query = select(Project).where(Project.name == name)
+    if not members:
+        query = query.options(noload(Project.members))
+    project = session.scalar(query)
     if project is None:
         raise NotFound(f"no such project: {name}")
     return project

@@ -18,10 +18,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, and_, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from gpufleet.auth.projects import get_project, projects_of
+from gpufleet.auth.projects import Project, get_project, projects_of
 from gpufleet.auth.users import get_user
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Forbidden, InvalidInput
@@ -62,6 +62,7 @@ def submit(
     if array is not None:
         return _submit_array(session, values, array)
     job = Job(**values)
+    job.ranks = []  # a new job has none: known, so reading them back costs no query
     session.add(job)
     session.flush()
     return job
@@ -102,13 +103,13 @@ def _checked(
     if spec.priority > 0 and not who.admin:
         raise Forbidden("only job admins may raise a job's priority above 0")
     check_capacity(session, spec)
-    staged = artifacts.for_job(session, project, spec.model, spec.datasets)  # NotFound, Forbidden
+    staged = artifacts.for_job(session, project.name if project else None, spec.model, spec.datasets)
     if project is not None:
-        _check_quota(session, project, spec.nodes * spec.gpus_per_node, time_limit)
+        _check_quota(project, spec.nodes * spec.gpus_per_node, time_limit)
     return {
         "name": spec.name or (spec.argv[0].rsplit("/", 1)[-1][:NAME_CHARS] if spec.argv else "script"),
         "user": run_as,
-        "project": project,
+        "project": project.name if project else None,
         "submitted_by": who.actor,
         "state": JobState.PENDING,
         "reason": "submitted: " + ("waiting for the scheduler" if backend == "builtin" else "waiting to go to Slurm"),
@@ -186,36 +187,32 @@ def _run_as(session: Session, who: Submitter, spec: JobSubmit) -> str:
     return name
 
 
-def _project(session: Session, who: Submitter, user: str, spec: JobSubmit) -> str | None:
+def _project(session: Session, who: Submitter, user: str, spec: JobSubmit) -> Project | None:
     """The project to charge: the one named, else the user's only project, else none (a user in no project)."""
+    mine = projects_of(session, user)
     if spec.project is None:
-        mine = list(projects_of(session, user))
         if len(mine) > 1:
             raise InvalidInput(f"user {user} is in several projects ({', '.join(sorted(mine))}): pass --project")
-        return mine[0] if mine else None
-    project = get_project(session, spec.project)  # NotFound for an unknown project
-    if not who.admin and all(m.user.username != user for m in project.members):
+        return get_project(session, next(iter(mine)), members=False) if mine else None
+    project = get_project(session, spec.project, members=False)  # NotFound for an unknown project
+    if not who.admin and project.name not in mine:
         raise Forbidden(f"user {user} is not a member of project {project.name}")
-    return project.name
+    return project
 
 
 def check_capacity(session: Session, spec: JobSubmit) -> None:
     """Refuse a request that no `nodes` nodes of the inventory could hold even when idle."""
-    # expected_gpus, not the GPUs present: a GPU that fell off the bus comes back after a repair.
-    query = select(Node.expected_gpus, Node.cpus, Node.memory_total_mib)
+    # expected_gpus, not the GPUs present: a GPU that fell off the bus comes back after a repair. Counted
+    # by the database: a submission must not read a thousand node rows.
+    fits = Node.expected_gpus >= spec.gpus_per_node
+    if spec.cpus_per_node:
+        fits = and_(fits, or_(Node.cpus.is_(None), Node.cpus >= spec.cpus_per_node))
+    if spec.mem_per_node_mib:
+        fits = and_(fits, or_(Node.memory_total_mib.is_(None), Node.memory_total_mib >= spec.mem_per_node_mib))
+    query = select(func.count().filter(fits), func.max(Node.expected_gpus))
     if spec.category is not None:
         query = query.where(Node.category == spec.category)
-    fitting = 0
-    most_gpus = 0
-    for gpus, cpus, mem in session.execute(query):
-        most_gpus = max(most_gpus, gpus)
-        if gpus < spec.gpus_per_node:
-            continue
-        if spec.cpus_per_node and cpus is not None and cpus < spec.cpus_per_node:
-            continue
-        if spec.mem_per_node_mib and mem is not None and mem < spec.mem_per_node_mib:
-            continue
-        fitting += 1
+    fitting, most_gpus = session.execute(query).one()
     if fitting >= spec.nodes:
         return
     where = f" in category {spec.category}" if spec.category else ""
@@ -226,12 +223,12 @@ def check_capacity(session: Session, spec: JobSubmit) -> None:
         asked += f", {spec.mem_per_node_mib} MiB"
     raise InvalidInput(
         f"no node set can hold this job: it asks for {asked} each, and {fitting} node(s){where} could"
-        f" (the largest has {most_gpus} GPU(s))"
+        f" (the largest has {most_gpus or 0} GPU(s))"
     )
 
 
-def _check_quota(session: Session, name: str, gpus: int, time_limit_s: float) -> None:
-    project = get_project(session, name)
+def _check_quota(project: Project, gpus: int, time_limit_s: float) -> None:
+    name = project.name
     if project.max_gpus is not None and gpus > project.max_gpus:
         raise InvalidInput(f"the job asks for {gpus} GPUs, over project {name}'s quota of {project.max_gpus} at once")
     worst = gpus * time_limit_s / 3600.0
