@@ -7,7 +7,7 @@ import re
 from datetime import datetime
 
 from sqlalchemy import Enum, Float, ForeignKey, Integer, String, select
-from sqlalchemy.orm import Mapped, Session, mapped_column, noload, relationship
+from sqlalchemy.orm import Mapped, Session, lazyload, mapped_column, relationship
 
 from gpufleet.auth.models import User
 from gpufleet.auth.users import get_user
@@ -56,7 +56,7 @@ def get_project(session: Session, name: str, *, members: bool = True) -> Project
     quotas). Raises NotFound."""
     query = select(Project).where(Project.name == name)
     if not members:
-        query = query.options(noload(Project.members))
+        query = query.options(lazyload(Project.members))
     project = session.scalar(query)
     if project is None:
         raise NotFound(f"no such project: {name}")
