@@ -34,10 +34,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import psutil
@@ -444,7 +445,17 @@ def match(
 
 
 # -- the run --------------------------------------------------------------------------------------
-async def run_simulation(args: argparse.Namespace, server: ServerProcess, workdir: Path) -> dict[str, Any]:
+class Load(Protocol):
+    """Something run against the head during the measured window (bench/api_load.py's API clients)."""
+
+    def start(self, url: str, seconds: float) -> None: ...
+
+    def finish(self) -> dict[str, Any]: ...
+
+
+async def run_simulation(
+    args: argparse.Namespace, server: ServerProcess, workdir: Path, load: Load | None = None
+) -> dict[str, Any]:
     client = HeadClient(server.url, BOOTSTRAP_TOKEN)
     try:
         leader_at = await asyncio.to_thread(wait_for_leader, server, client)
@@ -465,7 +476,7 @@ async def run_simulation(args: argparse.Namespace, server: ServerProcess, workdi
         sim_started = time.time()
         sim_task = asyncio.create_task(sim.run(), name="simulation")
         try:
-            return await measure(args, server, client, sim, sim_task, leader_at, sim_started)
+            return await measure(args, server, client, sim, sim_task, leader_at, sim_started, load)
         finally:
             sim_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, GpufleetError):
@@ -482,6 +493,7 @@ async def measure(
     sim_task: asyncio.Task[None],
     leader_at: float,
     sim_started: float,
+    load: Load | None = None,
 ) -> dict[str, Any]:
     polls = await wait_all_up(sim, sim_task, client, timeout_s=max(120.0, args.nodes * 0.2))
     all_up_s = time.time() - sim_started
@@ -497,6 +509,8 @@ async def measure(
         f"measuring for {args.duration:.0f}s: {args.kill_batch} node(s) killed every {args.kill_every:g}s", flush=True
     )
     monitor_task = asyncio.create_task(monitor(sim, state, health, head))
+    if load is not None:
+        load.start(server.url, args.duration)
     try:
         await churn(sim, args, window_start, window_end, state)
         await asyncio.sleep(max(0.0, window_end - time.time()))
@@ -504,6 +518,7 @@ async def measure(
         monitor_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await monitor_task
+    loaded = await asyncio.to_thread(load.finish) if load is not None else None
     head_cpu1, me_cpu1, all_cpu1, wall1 = cpu_seconds(head), cpu_seconds(me), machine_busy_seconds(), time.monotonic()
     head_rss = head.memory_info().rss
     window_end = time.time()
@@ -513,7 +528,7 @@ async def measure(
     transitions = await asyncio.to_thread(fetch_transitions, client, window_start, {k.node for k in state.kills})
     false_downs = match(state.kills, transitions, window_start, window_end)
     wall = wall1 - wall0
-    return figures(
+    fig = figures(
         args,
         kills=state.kills,
         false_downs=false_downs,
@@ -527,6 +542,9 @@ async def measure(
         other_cpu=(all_cpu1 - all_cpu0) - (head_cpu1 - head_cpu0) - (me_cpu1 - me_cpu0),
         head_rss=head_rss,
     )
+    if loaded is not None:
+        fig["load"] = loaded
+    return fig
 
 
 def figures(
@@ -657,8 +675,13 @@ def report(fig: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(
+    argv: list[str] | None = None, more: Callable[[argparse.ArgumentParser], object] | None = None
+) -> argparse.Namespace:
+    """The options; `more` adds a calling benchmark's own (bench/api_load.py)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    if more is not None:
+        more(parser)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--duration", type=float, default=300.0, help="measured seconds")
     parser.add_argument("--kill-every", type=float, default=15.0, help="seconds between kill rounds")

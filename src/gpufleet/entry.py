@@ -45,11 +45,14 @@ def server(
     ctx: typer.Context,
     data_dir: Annotated[Path | None, typer.Option(help="state directory (env GPUFLEET_DATA_DIR)")] = None,
     listen: Annotated[str | None, typer.Option(help="HOST:PORT (env GPUFLEET_LISTEN)")] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="head processes behind HOST:PORT, on PostgreSQL (env GPUFLEET_WORKERS)")
+    ] = None,
 ) -> None:
     """Run the head node: API, agent channels, liveness. HTTPS once `gpufleet server init` has run."""
     if ctx.invoked_subcommand is not None:
         return
-    settings = state(ctx).settings(data_dir=data_dir, listen=listen)
+    settings = state(ctx).settings(data_dir=data_dir, listen=listen, workers=workers)
     _logging(settings.log_level)
     from gpufleet.api.server import run
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -331,7 +332,16 @@ def create_app(
         except Exception:
             log.exception("health check: the database does not answer")
             return JSONResponse({"status": "error", "database": "unreachable"}, status_code=503)
-        return JSONResponse({"status": "ok", "version": __version__, "leader": loops.is_leader, "channels": len(hub)})
+        # This process's view: with several head processes (`workers`), the one that answered.
+        return JSONResponse(
+            {
+                "status": "ok",
+                "version": __version__,
+                "leader": loops.is_leader,
+                "channels": len(hub),
+                "pid": os.getpid(),
+            }
+        )
 
     bulk = {
         f"{API_PREFIX}/agent/software": MAX_SOFTWARE_BYTES,

@@ -1,13 +1,26 @@
-"""`gpufleet server`: migrate the database, make sure an admin can log in, serve until stopped."""
+"""`gpufleet server`: migrate the database, make sure an admin can log in, serve until stopped.
+
+With `workers` > 1 (PostgreSQL only), that many head processes serve the one listening socket: the
+parent migrates, installs the admin token and binds the socket, then uvicorn's supervisor starts the
+processes and starts a new one when one dies. Each is a full head replica: the kernel spreads the agents'
+channels and the API's connections over them, each flushes its own nodes' heartbeats, and the
+leadership lease lets exactly one run the singleton loops (the sweep, the scheduler, the roll-ups).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
+from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+from uvicorn.supervisors import Multiprocess
 
 from gpufleet.api.app import create_app
 from gpufleet.auth import service as auth
@@ -24,6 +37,14 @@ log = logging.getLogger(__name__)
 
 def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
     """Everything before serving. Returns the server and, on first start, the admin token to print once."""
+    sessions, new_token = _set_up(settings)
+    app = create_app(settings, sessions, SystemClock())
+    return uvicorn.Server(_config(settings, app)), new_token
+
+
+def _set_up(settings: Settings) -> tuple[sessionmaker[Session], str | None]:
+    """Check the address, migrate the database, install the admin token. Returns the sessions and, on
+    first start, the token."""
     host, port = settings.listen_host_port()
     served_tls = settings.effective_tls()
     scheme = "https" if served_tls else "http"
@@ -38,11 +59,16 @@ def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
     except OperationalError as exc:
         raise Unavailable(f"cannot reach the database: {exc.orig}") from None
     sessions = make_session_factory(engine)
-    clock = SystemClock()
     bootstrap = settings.bootstrap_token.get_secret_value() if settings.bootstrap_token else None
     with transaction(sessions) as session:
-        new_token = auth.ensure_admin_token(session, clock, bootstrap)
-    app = create_app(settings, sessions, clock)
+        new_token = auth.ensure_admin_token(session, SystemClock(), bootstrap)
+    return sessions, new_token
+
+
+def _config(settings: Settings, app: Any, workers: int = 1) -> uvicorn.Config:
+    """uvicorn's configuration for `app` (an app, or with `workers` a picklable factory of one)."""
+    host, port = settings.listen_host_port()
+    served_tls = settings.effective_tls()
     certfile: str | None = None
     keyfile: str | None = None
     if served_tls is not None:
@@ -55,7 +81,7 @@ def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
         except (ssl.SSLError, OSError) as exc:
             raise ConfigError(f"cannot use the TLS certificate {cert} with key {key}: {exc}") from None
         certfile, keyfile = str(cert), str(key)
-    config = uvicorn.Config(
+    return uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -67,8 +93,33 @@ def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
         timeout_graceful_shutdown=5,
         ssl_certfile=certfile,
         ssl_keyfile=keyfile,
+        workers=workers,
+        factory=workers > 1,
     )
-    return uvicorn.Server(config), new_token
+
+
+def worker_app(settings: Settings) -> FastAPI:
+    """One of `workers` head processes (called in the process, by uvicorn): the app over the database
+    the parent migrated."""
+    app = create_app(settings, make_session_factory(make_engine(settings.effective_database_url)), SystemClock())
+    gc_tuning.tune_for_long_running()
+    return app
+
+
+def _run_workers(settings: Settings, announce: bool) -> None:
+    """`settings.workers` head processes behind one socket, restarted when one dies. Raises ConfigError on
+    SQLite: it takes one writer at a time, and one head process is what the embedded mode is for."""
+    if make_url(settings.effective_database_url).get_backend_name() != "postgresql":
+        raise ConfigError(
+            f"workers = {settings.workers} needs PostgreSQL (database_url): SQLite serves one head process"
+        )
+    _sessions, token = _set_up(settings)
+    if token is not None and announce:
+        print(f"Admin token (shown once, store it now): {token}", flush=True)
+    # The settings travel to each process pickled, as the plain `Settings` (load_settings' is a local class).
+    plain = Settings.model_construct(_fields_set=settings.model_fields_set, **dict(settings))
+    config = _config(settings, functools.partial(worker_app, plain), settings.workers)
+    Multiprocess(config, sockets=[config.bind_socket()]).run()
 
 
 def _url_host(host: str) -> str:
@@ -76,6 +127,9 @@ def _url_host(host: str) -> str:
 
 
 def run(settings: Settings, announce: bool = True) -> None:
+    if settings.workers > 1:
+        _run_workers(settings, announce)
+        return
     server, token = prepare(settings)
     if token is not None and announce:
         print(f"Admin token (shown once, store it now): {token}", flush=True)

@@ -60,6 +60,9 @@ class Settings(BaseSettings):
     request_threads: int = Field(
         4, ge=1, le=256, description="threads running blocking request handlers; more starve the event loop"
     )
+    workers: int = Field(
+        1, ge=1, le=64, description="head processes serving the listen address together (several need PostgreSQL)"
+    )
     metrics_interval_s: float = Field(
         5.0, ge=0.1, le=3600, description="how often agents sample metrics (the head judges staleness by it)"
     )
