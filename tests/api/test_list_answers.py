@@ -142,3 +142,18 @@ def test_the_client_follows_the_pages(
     head = CliState().client()  # the CLI's real HeadClient, each request answered by `client`
     assert [n["name"] for n in head.list_nodes(page=1)] == ["n1", "n2", "n3"]
     assert [n["name"] for n in head.list_nodes("n[2-3]", page=1)] == ["n2", "n3"]
+
+
+def test_an_unchanged_job_list_answers_304(client: TestClient) -> None:
+    client.post("/api/v1/users", json={"username": "alice"})
+    client.post("/api/v1/nodes", json={"names": ["n1"]})
+    job = {"argv": ["true"], "gpus_per_node": 0, "user": "alice"}
+    first = client.post("/api/v1/jobs", json=job).json()["id"]
+    listed = client.get("/api/v1/jobs")
+    tag = listed.headers["etag"]
+    assert [j["id"] for j in listed.json()] == [first]
+    assert client.get("/api/v1/jobs", headers={"If-None-Match": tag}).status_code == 304
+    client.post(f"/api/v1/jobs/{first}/cancel")
+    changed = client.get("/api/v1/jobs", headers={"If-None-Match": tag})
+    assert changed.status_code == 200
+    assert changed.json()[0]["state"] == "cancelled"

@@ -7,7 +7,9 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
 
+from gpufleet.api import conditional
 from gpufleet.api.deps import Ctx, RowId, allow, tx
 from gpufleet.auth.policy import Permission, allowed
 from gpufleet.auth.schemas import Principal
@@ -51,10 +53,11 @@ def submit_job(body: JobSubmit, request: Request, who: Submit, ctx: Ctx) -> JobD
     return out
 
 
-@router.get("")
+@router.get("", response_model=list[JobOut])
 def list_jobs(
     _: Read,
     ctx: Ctx,
+    request: Request,
     state: Annotated[list[JobState] | None, Query(description="only jobs in these states")] = None,
     user: Annotated[str | None, Query(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")] = None,
     project: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")] = None,
@@ -63,13 +66,14 @@ def list_jobs(
     array_task_id: Annotated[int | None, Query(ge=0, le=2**31 - 1, description="with array_job_id: one task")] = None,
     limit: Annotated[int, Query(ge=1, le=queries.MAX_LIST)] = 500,
     offset: Annotated[int, Query(ge=0, le=10_000_000, description="skip this many matching jobs")] = 0,
-) -> list[JobOut]:
+) -> Response:
     """Running jobs first, then pending, then ended ones, newest first within each. The pending tasks of a
-    job array are one row (its lowest pending task's, with `array_pending`) unless `expand`."""
+    job array are one row (its lowest pending task's, with `array_pending`) unless `expand`. With an
+    `ETag`: `If-None-Match` answers 304 while the page is unchanged."""
     if array_task_id is not None and array_job_id is None:
         raise InvalidInput("array_task_id needs array_job_id: a task id is a place in one array")
     with tx(ctx, readonly=True) as db:
-        return queries.list_job_rows(
+        rows = queries.list_job_rows(
             db,
             states=state or (),
             user=user,
@@ -80,6 +84,7 @@ def list_jobs(
             limit=limit,
             offset=offset,
         )
+    return conditional.answer(request, rows)
 
 
 @router.get("/{job_id}")
