@@ -41,7 +41,7 @@ def password_login(body: PasswordLogin, ctx: Ctx, request: Request) -> UserToken
         username = identity.password_login(db, ctx.identity, ctx.throttle, body.username, password, source).username
     with tx(ctx) as db:
         token, row = auth.create_user_token(db, ctx.clock, users.get_user(db, username), body.expires_in_s, body.scope)
-    request.state.actor = f"user:{username}"
+        request.state.actor = f"user:{username}"  # before the block ends: the record is in this transaction
     return UserTokenCreated(token=token, id=row.id, expires_at=row.expires_at, scope=body.scope)
 
 
