@@ -21,6 +21,7 @@ met, 1 when not, 2 when the benchmark could not run.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
@@ -142,11 +143,12 @@ def load_report(load: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    args = parse_args(
-        more=lambda parser: parser.add_argument(
-            "--per-kind", type=int, default=4, help="wrk connections per kind of request (4 kinds)"
-        )
-    )
+    def more(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--per-kind", type=int, default=4, help="wrk connections per kind of request (4 kinds)")
+        parser.add_argument("--database-url", help="PostgreSQL URL of an empty database (default: SQLite)")
+        parser.add_argument("--workers", type=int, default=1, help="head processes (several need --database-url)")
+
+    args = parse_args(more=more)
     if shutil.which("wrk") is None:
         print("bench/api_load.py: needs wrk (apt-get install wrk)", file=sys.stderr)
         return 2
@@ -154,7 +156,10 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-load-") as tmp:
         workdir = Path(tmp)
-        server = start_server(workdir, args.port)
+        extra = {"GPUFLEET_WORKERS": str(args.workers)}
+        if args.database_url:
+            extra["GPUFLEET_DATABASE_URL"] = args.database_url
+        server = start_server(workdir, args.port, extra)
         try:
             fig = asyncio.run(run_simulation(args, server, workdir, ApiClients(workdir, args.per_kind)))
         except (BenchError, GpufleetError, httpx.HTTPError) as exc:

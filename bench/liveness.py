@@ -124,6 +124,15 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
+def tree_cpu_seconds(proc: psutil.Process) -> float:
+    """CPU of a process and its live children: a head with `workers` is a supervisor and its processes."""
+    total = cpu_seconds(proc)
+    for child in proc.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += cpu_seconds(child)
+    return total
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds every process on the machine has used (all cores), to spot other load during the run."""
     t = psutil.cpu_times()
@@ -271,7 +280,7 @@ async def monitor(sim: Simulation, state: ChurnState, health: SimHealth, head: p
     me = psutil.Process()
     period = 0.25
     tick = 0
-    last = (time.monotonic(), cpu_seconds(head), cpu_seconds(me), machine_busy_seconds())
+    last = (time.monotonic(), tree_cpu_seconds(head), cpu_seconds(me), machine_busy_seconds())
     second_lag = 0.0
     while True:
         expected = loop.time() + period
@@ -291,7 +300,7 @@ async def monitor(sim: Simulation, state: ChurnState, health: SimHealth, head: p
                 health.max_heartbeat_age_node = name
         tick += 1
         if tick % 4 == 0:
-            current = (time.monotonic(), cpu_seconds(head), cpu_seconds(me), machine_busy_seconds())
+            current = (time.monotonic(), tree_cpu_seconds(head), cpu_seconds(me), machine_busy_seconds())
             wall = current[0] - last[0]
             head_c, me_c = (current[1] - last[1]) / wall, (current[2] - last[2]) / wall
             other_c = max(0.0, (current[3] - last[3]) / wall - head_c - me_c)
@@ -502,7 +511,12 @@ async def measure(
 
     state, health = ChurnState(), SimHealth()
     head, me = psutil.Process(server.proc.pid), psutil.Process()
-    head_cpu0, me_cpu0, all_cpu0, wall0 = cpu_seconds(head), cpu_seconds(me), machine_busy_seconds(), time.monotonic()
+    head_cpu0, me_cpu0, all_cpu0, wall0 = (
+        tree_cpu_seconds(head),
+        cpu_seconds(me),
+        machine_busy_seconds(),
+        time.monotonic(),
+    )
     window_start = time.time()
     window_end = window_start + args.duration
     print(
@@ -519,7 +533,12 @@ async def measure(
         with contextlib.suppress(asyncio.CancelledError):
             await monitor_task
     loaded = await asyncio.to_thread(load.finish) if load is not None else None
-    head_cpu1, me_cpu1, all_cpu1, wall1 = cpu_seconds(head), cpu_seconds(me), machine_busy_seconds(), time.monotonic()
+    head_cpu1, me_cpu1, all_cpu1, wall1 = (
+        tree_cpu_seconds(head),
+        cpu_seconds(me),
+        machine_busy_seconds(),
+        time.monotonic(),
+    )
     head_rss = head.memory_info().rss
     window_end = time.time()
     if sim_task.done():
