@@ -25,17 +25,21 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import create_engine, text
 
 from gpufleet.core.errors import GpufleetError
 from liveness import BOOTSTRAP_TOKEN, BenchError, parse_args, report, run_simulation, start_server, stop_server
@@ -62,11 +66,16 @@ def _lua(method: str, headers: dict[str, str], body: str | None) -> str:
 
 @dataclass
 class ApiClients:
-    """The `Load` bench/liveness.py runs during its window: one wrk process per kind of request."""
+    """The `Load` bench/liveness.py runs during its window: one wrk process per kind of request; and with
+    `kill_leader_after`, the leading head process killed with SIGKILL that many seconds in."""
 
     workdir: Path
     per_kind: int
+    kill_leader_after: float | None = None
+    database_url: str | None = None
     procs: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
+    killer: threading.Thread | None = None
+    takeover: dict[str, Any] = field(default_factory=dict)
 
     def _set_up(self, url: str) -> str:
         """A user in a project for the submissions, and a logged-in web session for the dashboard."""
@@ -111,6 +120,34 @@ class ApiClients:
                  "-s", str(script), url + path],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )  # fmt: skip
+        if self.kill_leader_after is not None:
+            self.killer = threading.Thread(target=self._kill_leader, args=(url, self.kill_leader_after), daemon=True)
+            self.killer.start()
+
+    def _kill_leader(self, url: str, after: float) -> None:
+        """SIGKILL the process that answers /healthz as the leader, then time until another one does."""
+        time.sleep(after)
+        leader = self._leader(url, deadline=time.monotonic() + 30)
+        if leader is None:
+            self.takeover["error"] = "no process answered as the leader"
+            return
+        os.kill(leader, signal.SIGKILL)
+        killed = time.monotonic()
+        successor = self._leader(url, deadline=killed + 60, other_than=leader)
+        self.takeover |= {"killed_pid": leader, "successor_pid": successor}
+        self.takeover["takeover_s"] = round(time.monotonic() - killed, 2) if successor else None
+
+    @staticmethod
+    def _leader(url: str, deadline: float, other_than: int | None = None) -> int | None:
+        while time.monotonic() < deadline:
+            try:
+                answer = httpx.get(url + "/healthz", timeout=2).json()
+            except (httpx.HTTPError, ValueError):
+                answer = {}
+            if answer.get("leader") and answer.get("pid") != other_than:
+                return int(answer["pid"])
+            time.sleep(0.1)
+        return None
 
     def finish(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -129,12 +166,32 @@ class ApiClients:
                 for q in ("50%", "99%")
                 if (m := re.search(rf"^\s+{q}\s+(\S+)", text, re.M))
             }
+        if self.killer is not None:
+            self.killer.join(timeout=90)
+            out["leader_kill"] = self.takeover | self._kept_submissions(out["submit"])
         return out
+
+    def _kept_submissions(self, submit: dict[str, Any]) -> dict[str, Any]:
+        """Acknowledged submissions (wrk's 2xx answers) against the jobs the database holds: none lost
+        means at least as many rows (a submission answered to no one, cut by the kill, may be there too)."""
+        if self.database_url is None:
+            return {}
+        engine = create_engine(self.database_url)
+        try:
+            with engine.connect() as conn:
+                stored = int(conn.execute(text("SELECT count(*) FROM jobs")).scalar_one())
+        finally:
+            engine.dispose()
+        acknowledged = submit["requests"] - submit["non_2xx"]
+        return {"acknowledged_submissions": acknowledged, "stored_jobs": stored, "lost": max(0, acknowledged - stored)}
 
 
 def load_report(load: dict[str, Any]) -> str:
     lines = ["API clients during the window (wrk):"]
     for kind, row in load.items():
+        if kind == "leader_kill":
+            lines.append(f"  leader kill -9: {row}")
+            continue
         lines.append(
             f"  {kind:<10} {row['clients']:>3} clients {row['per_s']:8.1f}/s  p50 {row.get('p50_ms', 0):8.1f} ms"
             f"  p99 {row.get('p99_ms', 0):8.1f} ms  non-2xx {row['non_2xx']}"
@@ -147,6 +204,9 @@ def main() -> int:
         parser.add_argument("--per-kind", type=int, default=4, help="wrk connections per kind of request (4 kinds)")
         parser.add_argument("--database-url", help="PostgreSQL URL of an empty database (default: SQLite)")
         parser.add_argument("--workers", type=int, default=1, help="head processes (several need --database-url)")
+        parser.add_argument(
+            "--kill-leader-after", type=float, help="SIGKILL the leading head process this many seconds in"
+        )
 
     args = parse_args(more=more)
     if shutil.which("wrk") is None:
@@ -160,8 +220,9 @@ def main() -> int:
         if args.database_url:
             extra["GPUFLEET_DATABASE_URL"] = args.database_url
         server = start_server(workdir, args.port, extra)
+        clients = ApiClients(workdir, args.per_kind, args.kill_leader_after, args.database_url)
         try:
-            fig = asyncio.run(run_simulation(args, server, workdir, ApiClients(workdir, args.per_kind)))
+            fig = asyncio.run(run_simulation(args, server, workdir, clients))
         except (BenchError, GpufleetError, httpx.HTTPError) as exc:
             print(f"benchmark failed: {exc}\nserver log (last lines):\n{server.log_tail()}", file=sys.stderr)
             return 2

@@ -192,6 +192,7 @@ def set_up(head: Head) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database-url", help="PostgreSQL URL (default: SQLite in a temp dir)")
+    parser.add_argument("--workers", type=int, default=1, help="head processes (several need --database-url)")
     parser.add_argument("--connections", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--array-tasks", type=int, default=10_000)
@@ -202,9 +203,13 @@ def main() -> int:
     if shutil.which("wrk") is None:
         print("bench/submissions.py: needs wrk (apt-get install wrk)", file=sys.stderr)
         return 2
-    report: dict[str, Any] = {"database": "postgresql" if args.database_url else "sqlite", "cpus": os.cpu_count()}
+    report: dict[str, Any] = {
+        "database": "postgresql" if args.database_url else "sqlite",
+        "workers": args.workers,
+        "cpus": os.cpu_count(),
+    }
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-submit-") as tmp:
-        head = Head(Path(tmp), database_url=args.database_url).start()
+        head = Head(Path(tmp), database_url=args.database_url, env={"GPUFLEET_WORKERS": str(args.workers)}).start()
         try:
             set_up(head)
             report["single"] = [wrk_posts(head, c, args.duration, Path(tmp)) for c in args.connections]
@@ -231,7 +236,7 @@ def main() -> int:
             print(f"note: {exc}")
         finally:
             cancel_all(env)
-    print(f"\nsubmissions on {report['database']}, {report['cpus']} CPUs")
+    print(f"\nsubmissions on {report['database']}, {args.workers} head process(es), {report['cpus']} CPUs")
     for s in report["single"]:
         print(
             f"  gpufleet POST /api/v1/jobs, {s['connections']:>3} connections: {s['per_s']:7.1f}/s"
