@@ -8,9 +8,9 @@ Starts a real `gpufleet server` (SQLite in a temp dir, or `--database-url`), mak
    p50/p99 latency, non-2xx answers, and the head's CPU (all its processes);
 2. **arrays**: `--array-tasks` tasks in one `POST /api/v1/jobs` with `array`, `--repeat` times: tasks/s;
 3. **Slurm**, when `sbatch` is installed: the tests' single-node Slurm (scripts/services/slurm.sh),
-   `--connections` parallel `sbatch --hold --wrap true` loops for `--duration` seconds (each `sbatch` a
-   new process, as users run it): jobs/s; and `sbatch --hold --array 0-1000` (Slurm's default
-   MaxArraySize is 1001): tasks/s. Everything submitted is cancelled afterwards.
+   `sbatch --hold --array 0-1000` (Slurm's default MaxArraySize is 1001): tasks/s; and `--connections`
+   parallel `sbatch --hold --wrap true` loops for `--sbatch-duration` seconds (each `sbatch` a new
+   process, as users run it): jobs/s. Everything submitted is cancelled afterwards.
 
     .venv/bin/python bench/submissions.py --json bench/results/submissions.json
     .venv/bin/python bench/submissions.py --database-url postgresql+psycopg://...  # PostgreSQL
@@ -197,6 +197,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--array-tasks", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--sbatch-duration", type=float, default=5.0, help="seconds of each sbatch loop run")
     parser.add_argument("--no-slurm", action="store_true")
     parser.add_argument("--json", type=Path, default=Path("bench/results/submissions.json"))
     args = parser.parse_args()
@@ -224,14 +225,16 @@ def main() -> int:
     env = None if args.no_slurm else slurm_env()
     if env is not None:
         try:
-            report["sbatch"] = []
-            for parallel in args.connections:
-                cancel_all(env)
-                report["sbatch"].append(sbatch_loops(env, parallel, args.duration))
+            # Arrays first, then short loops: cancelled jobs count against MaxJobCount (10,000) until
+            # slurmctld purges them (MinJobAge, 300 s), and at about 470 sbatch a second the loops fill it.
             report["sbatch_array"] = []
             for _ in range(args.repeat):
                 cancel_all(env)
                 report["sbatch_array"].append(sbatch_array(env, 1001))
+            report["sbatch"] = []
+            for parallel in args.connections:
+                cancel_all(env)
+                report["sbatch"].append(sbatch_loops(env, parallel, args.sbatch_duration))
         except RuntimeError as exc:
             print(f"note: {exc}")
         finally:

@@ -9,7 +9,7 @@ nodes are added or removed between two calls, unlike an offset.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,15 +95,7 @@ def node_page(session: Session, expressions: list[str] | None, after: str | None
     query = _node_query()
     if after is not None:
         query = query.where(Node.name > after)
-    # Core, not the ORM's execute: the ORM's row processing costs more than the query at a thousand rows.
-    db = session.connection()
-    found: list[Any] = []
-    if names is None:
-        found = list(db.execute(query.limit(limit + 1)))
-    else:
-        for start in range(0, len(names), _IN_CHUNK):
-            found += db.execute(query.where(Node.name.in_(names[start : start + _IN_CHUNK])))
-        found.sort(key=lambda r: r.name)
+    found = _fetch(session, query, names, limit, key=lambda r: r.name)
     more = len(found) > limit
     parsed: dict[str | None, Any] = {}
     rows = [
@@ -128,6 +120,22 @@ def node_page(session: Session, expressions: list[str] | None, after: str | None
         for r in found[:limit]
     ]
     return Page(rows, rows[-1]["name"] if more and rows else None)
+
+
+def _fetch(
+    session: Session, query: Select[*tuple[Any, ...]], names: list[str] | None, limit: int, key: Callable[[Any], Any]
+) -> list[Any]:
+    """Up to `limit` + 1 rows of `query` (one more tells whether another page follows), only those of the
+    nodes `names` names when given (in chunks, sorted by `key` as the query orders them).
+
+    Core, not the ORM's execute: the ORM's row processing costs more than the query at a thousand rows."""
+    db = session.connection()
+    if names is None:
+        return list(db.execute(query.limit(limit + 1)))
+    rows: list[Any] = []
+    for start in range(0, len(names), _IN_CHUNK):
+        rows += db.execute(query.where(Node.name.in_(names[start : start + _IN_CHUNK])))
+    return sorted(rows, key=key)
 
 
 def _parsed(seen: dict[str | None, Any], text: str | None, empty: Any) -> Any:
@@ -158,14 +166,7 @@ def gpu_page(session: Session, expressions: list[str] | None, after: tuple[str, 
     )
     if after is not None:
         query = query.where(tuple_(Node.name, Gpu.index) > tuple_(*after))
-    db = session.connection()
-    rows: list[Any] = []
-    if names is None:
-        rows = list(db.execute(query.limit(limit + 1)))
-    else:
-        for start in range(0, len(names), _IN_CHUNK):
-            rows += db.execute(query.where(Node.name.in_(names[start : start + _IN_CHUNK])))
-        rows.sort(key=lambda r: (r.node, r.index))
+    rows = _fetch(session, query, names, limit, key=lambda r: (r.node, r.index))
     more = len(rows) > limit
     rows = rows[:limit]
     out = [{k: v for k, v in r._asdict().items() if k != "node_id"} for r in rows]
