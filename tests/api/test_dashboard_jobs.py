@@ -340,3 +340,23 @@ def test_the_overview_counts_jobs_and_the_top_bar_links_to_them(client: TestClie
     for path in ("/jobs", f"/jobs/{queue.a}", "/jobs/usage"):
         assert anonymous.get(path, follow_redirects=False).headers["location"] == "/login"
     assert anonymous.get("/jobs", headers={"HX-Request": "true"}).headers["hx-redirect"] == "/login"
+
+
+def test_a_job_arrays_pending_tasks_are_one_row_that_cancels_the_array(client: TestClient, queue: Queue) -> None:
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    sessions, clock = ctx.sessions, ctx.clock
+    first = submit(sessions, clock, user="mia", project="vision", name="sweep", gpus_per_node=4, array="0-4%2")
+    html = queue.mia.get("/jobs?state=pending").text
+    # B and one row for the array's five pending tasks, as squeue shows them; the tab counts rows.
+    assert job_ids(html) == [first, queue.b] or job_ids(html) == [queue.b, first]
+    assert f"{first}_[0-4%2]</a>" in html
+    assert 'data-tab="pending"' in html
+    assert re.search(r'data-tab="pending"[^>]*>Pending <span class="badge">2</span>', html)
+    assert f'data-action="/api/v1/jobs/arrays/{first}/cancel"' in html  # mia's array: she may cancel it all
+    assert f'data-action="/api/v1/jobs/{first}/cancel"' not in html
+    cancelled = queue.mia.post(f"/api/v1/jobs/arrays/{first}/cancel", headers=csrf_header(queue.mia))
+    assert cancelled.status_code == 200, cancelled.text
+    ended = queue.mia.get("/jobs?state=ended").text
+    assert f"{first}_[" not in ended  # ended tasks are listed one by one...
+    assert f"{first + 4}</a>" not in ended
+    assert f"{first}_4</a>" in ended  # ...each with its place in the array

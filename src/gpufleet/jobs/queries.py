@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator
+from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, case, func, or_, select
+from sqlalchemy import ColumnElement, Select, case, func, or_, select
 from sqlalchemy.orm import Session, lazyload
 
 from gpufleet.jobs import arrays
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.jobs.schemas import JobDetail, JobOut, RankOut
 
+# A select over jobs, whatever its columns (`collapsed` adds a filter and keeps the type).
+Q = TypeVar("Q", bound="Select[*tuple[Any, ...]]")
 MAX_LIST = 5000
 # Listed in this order: what runs, then what waits, then what ended (newest first within each).
 _ORDER = case({JobState.RUNNING.value: 0, JobState.PENDING.value: 1}, value=Job.state, else_=2)
@@ -53,17 +56,33 @@ _LISTED = (
 )
 
 
+def collapsed(query: Q) -> Q:
+    """`query` over jobs with each array's pending tasks standing as one row, its lowest pending task's
+    (as squeue shows them): one pass over the pending array tasks (the state index), however many the
+    queue holds."""
+    firsts = (
+        select(func.min(Job.id))
+        .where(Job.state == JobState.PENDING, Job.array_job_id.is_not(None))
+        .group_by(Job.array_job_id)
+    )
+    return query.where(or_(Job.array_job_id.is_(None), Job.state != JobState.PENDING, Job.id.in_(firsts)))
+
+
 def list_jobs(
     session: Session,
     *,
     states: Collection[JobState] = (),
     user: str | None = None,
     project: str | None = None,
+    collapse_arrays: bool = False,
     limit: int = 500,
     offset: int = 0,
 ) -> list[Job]:
-    """Jobs as objects, every array task one by one (the dashboard's list)."""
+    """Jobs as objects (the dashboard's list): every array task one by one, or with `collapse_arrays` each
+    array's pending tasks as one row (`collapsed`)."""
     query = select(Job).options(lazyload(Job.ranks)).where(*_filters(states, user, project))  # no ranks loaded
+    if collapse_arrays:
+        query = collapsed(query)
     query = query.order_by(_ORDER, Job.id.desc()).offset(max(offset, 0)).limit(min(max(limit, 1), MAX_LIST))
     return list(session.scalars(query))
 
@@ -90,20 +109,14 @@ def list_job_rows(
         if array_task_id is not None:
             query = query.where(Job.array_task_id == array_task_id)
     elif not expand:
-        # One pass over the pending array tasks (the state index), however many the queue holds.
-        firsts = (
-            select(func.min(Job.id))
-            .where(Job.state == JobState.PENDING, Job.array_job_id.is_not(None))
-            .group_by(Job.array_job_id)
-        )
-        query = query.where(or_(Job.array_job_id.is_(None), Job.state != JobState.PENDING, Job.id.in_(firsts)))
+        query = collapsed(query)
     query = query.order_by(_ORDER, Job.id.desc()).offset(max(offset, 0)).limit(min(max(limit, 1), MAX_LIST))
     rows = [dict(row) for row in session.execute(query).mappings()]
     listed = {row["array_job_id"] for row in rows if row["array_job_id"] is not None}
     sizes = array_sizes(session, listed)
     pending: dict[int, list[int]] = {}
     if array_job_id is None and not expand:  # the rows standing for their arrays' pending tasks
-        pending = _pending_tasks(session, {r["array_job_id"] for r in rows if r["state"] is JobState.PENDING} - {None})
+        pending = pending_tasks(session, {r["array_job_id"] for r in rows if r["state"] is JobState.PENDING} - {None})
     out = []
     for row in rows:
         sampled, busy = row.pop("sampled_gpu_seconds"), row.pop("busy_gpu_seconds")
@@ -144,7 +157,7 @@ def array_sizes(session: Session, array_job_ids: Iterable[int]) -> dict[int, int
     return sizes
 
 
-def _pending_tasks(session: Session, array_job_ids: Iterable[int]) -> dict[int, list[int]]:
+def pending_tasks(session: Session, array_job_ids: Iterable[int]) -> dict[int, list[int]]:
     """The task ids of each array's pending tasks."""
     found: dict[int, list[int]] = defaultdict(list)
     for batch in _batches(array_job_ids):

@@ -26,7 +26,7 @@ from gpufleet.auth.policy import Permission
 from gpufleet.auth.projects import Project
 from gpufleet.core import hostlist
 from gpufleet.core.errors import InvalidInput, NotFound
-from gpufleet.jobs import accounting, lifecycle, queries
+from gpufleet.jobs import accounting, arrays, lifecycle, queries
 from gpufleet.jobs.models import FINAL_STATES, Job, JobOutputChunk, JobState
 from gpufleet.jobs.scheduler import PendingReason
 from gpufleet.monitoring import attribution
@@ -96,9 +96,14 @@ def gpu_hours(job: Job, now: float) -> float:
     return seconds / 3600.0
 
 
-def job_counts(session: Session, *, user: str | None = None, project: str | None = None) -> dict[JobState, int]:
-    """How many jobs are in each state (every state present, 0 for none), for `user` and `project` if given."""
+def job_counts(
+    session: Session, *, user: str | None = None, project: str | None = None, collapse_arrays: bool = False
+) -> dict[JobState, int]:
+    """How many jobs are in each state (every state present, 0 for none), for `user` and `project` if given;
+    with `collapse_arrays`, each job array's pending tasks count once, as the queue lists them."""
     query = select(Job.state, func.count()).group_by(Job.state)
+    if collapse_arrays:
+        query = queries.collapsed(query)
     if user is not None:
         query = query.where(Job.user == user)
     if project is not None:
@@ -117,9 +122,12 @@ class JobRow:
     reason_kind: str  # quota, budget, resources, priority, unschedulable, submitted, requeued or ""
     reason: str
     cancel: bool  # the viewer may cancel it
+    label: str = ""  # what the Job column says: the id, or Slurm's look for arrays (1234_7, 1234_[5-999%50])
+    array_row: bool = False  # it stands for its array's pending tasks: cancelling it cancels the whole array
 
 
-def job_row(view: View, job: Job, now: float) -> JobRow:
+def job_row(view: View, job: Job, now: float, pending: dict[int, list[int]] | None = None) -> JobRow:
+    pending = pending or {}
     limit = hms(job.time_limit_s)
     if job.state is JobState.PENDING:
         elapsed = f"waiting {hms(now - job.submitted_at.timestamp())}"
@@ -130,7 +138,19 @@ def job_row(view: View, job: Job, now: float) -> JobRow:
         elapsed = f"{hms(end - job.started_at.timestamp())} / {limit}"
     where = hostlist.collect(list(job.allocation)) if job.allocation and job.state is not JobState.PENDING else ""
     kind, reason = split_reason(job.reason)
-    return JobRow(job, elapsed, where, kind, reason, may_cancel(view, job))
+    label, array_row = _label(job, pending)
+    return JobRow(job, elapsed, where, kind, reason, may_cancel(view, job), label, array_row)
+
+
+def _label(job: Job, pending: dict[int, list[int]]) -> tuple[str, bool]:
+    """The Job column's text, and whether the row stands for its array's pending tasks."""
+    if job.array_job_id is None:
+        return str(job.id), False
+    tasks = pending.get(job.array_job_id) if job.state is JobState.PENDING else None
+    if not tasks:
+        return f"{job.array_job_id}_{job.array_task_id}", False
+    throttle = f"%{job.array_throttle}" if job.array_throttle else ""
+    return f"{job.array_job_id}_[{arrays.compact(tasks)}{throttle}]", True
 
 
 def _page(query: dict[str, str], matched: int) -> int:
@@ -160,7 +180,7 @@ def _tab_url(query: dict[str, str], state: str) -> str:
 
 def jobs_view(view: View) -> dict[str, Any]:
     state, states, user, project = _filters(view.query)
-    counts = job_counts(view.session, user=user, project=project)
+    counts = job_counts(view.session, user=user, project=project, collapse_arrays=True)
     matched = sum(counts[s] for s in states) if states else sum(counts.values())
     page = _page(view.query, matched)
     found = queries.list_jobs(
@@ -168,13 +188,16 @@ def jobs_view(view: View) -> dict[str, Any]:
         states=states,
         user=user,
         project=project,
+        collapse_arrays=True,
         limit=PAGE_SIZE,
         offset=(page - 1) * PAGE_SIZE,
     )
+    shown = {j.array_job_id for j in found if j.array_job_id is not None and j.state is JobState.PENDING}
+    pending = queries.pending_tasks(view.session, shown)
     now = view.ctx.clock.now()
     tab = "ended" if state in STATE_FILTERS and state not in ("running", "pending", "") else state
     return {
-        "jobs": [job_row(view, j, now) for j in found],
+        "jobs": [job_row(view, j, now, pending) for j in found],
         "matched": matched,
         "total": sum(counts.values()),
         "first": (page - 1) * PAGE_SIZE + 1,
