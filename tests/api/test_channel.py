@@ -133,3 +133,22 @@ def test_heartbeats_are_read_while_a_report_waits_for_the_database(
         while ctx.loops.book.latest[1].seq != 4 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert ctx.loops.book.latest[1].seq == 4
+
+
+def test_a_report_that_fails_to_record_closes_the_channel(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unexpected error recording a report must not leave the channel open with its reports unrecorded:
+    the agent is told to reconnect, and re-sends what was not acknowledged."""
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+
+    def broken(_node_id: int, _message: object) -> object:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ctx.jobs, "record_held", broken)
+    credential = _credential(client, "n1")
+    with client.websocket_connect("/api/v1/agent/channel", headers={"Authorization": f"Bearer {credential}"}) as ws:
+        ws.send_text(json.dumps({"type": "hello", "heartbeat_interval_s": 1.0}))
+        ws.receive_json()
+        ws.send_text(json.dumps({"type": "job_held", "ranks": []}))
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_text()
+    assert closed.value.code == CLOSE_TRY_AGAIN

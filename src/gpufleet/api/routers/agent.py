@@ -237,6 +237,10 @@ async def _record_forever(ctx: Ctx, chan: Channel, reports: Reports) -> None:
             log.warning("node %s: closing its channel: %s", chan.name, exc)
             chan.close(CLOSE_TRY_AGAIN, f"head busy, reconnect: {exc}"[:120])
             return
+        except Exception:  # a bug must not leave the channel open with nobody recording its reports
+            log.exception("node %s: recording its %s failed; closing its channel", chan.name, message.type)
+            chan.close(CLOSE_TRY_AGAIN, "head error while recording a report, reconnect")
+            return
 
 
 async def _record(ctx: Ctx, chan: Channel, message: JobOutput | JobUpdate | JobHeld | NodeCache) -> None:
