@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 import socket
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ import typer
 from gpufleet.cli.app import app
 from gpufleet.cli.output import Format, OutputOpt, print_json, table
 from gpufleet.cli.state import state
-from gpufleet.core import gc_tuning
+from gpufleet.core import gc_tuning, logs
 from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.protocol.messages import check_node_name
 from gpufleet.protocol.metrics import FAULT_KINDS
@@ -30,10 +29,6 @@ IntervalOpt = Annotated[
     float | None,
     typer.Option("--heartbeat-interval", min=0.05, max=3600, help="seconds between heartbeats (default: the head's)"),
 ]
-
-
-def _logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 server_app = typer.Typer(help="The head node: run it, or prepare its TLS certificates.", no_args_is_help=False)
@@ -53,7 +48,7 @@ def server(
     if ctx.invoked_subcommand is not None:
         return
     settings = state(ctx).settings(data_dir=data_dir, listen=listen, workers=workers)
-    _logging(settings.log_level)
+    logs.configure(settings.log_level)
     from gpufleet.api.server import run
 
     run(settings)
@@ -95,7 +90,7 @@ def agent(
 ) -> None:
     """Run the node agent: join with a join token once, then heartbeat and report inventory."""
     settings = state(ctx).settings(server=server, agent_state_dir=state_dir)
-    _logging(settings.log_level)
+    logs.configure(settings.log_level)
     from gpufleet.agent.main import run_agent
 
     node = name or socket.gethostname().split(".")[0]
@@ -226,7 +221,7 @@ def sim(
             state(ctx).overrides["server"] = server
         return
     settings = state(ctx).settings(server=server)
-    _logging(settings.log_level)
+    logs.configure(settings.log_level)
     from gpufleet.agent.trust import head_context
     from gpufleet.core.tls import split_join_token
     from gpufleet.sim.runner import SimOptions, Simulation

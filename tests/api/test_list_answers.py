@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.api.conditional import not_modified
@@ -157,3 +158,23 @@ def test_an_unchanged_job_list_answers_304(client: TestClient) -> None:
     changed = client.get("/api/v1/jobs", headers={"If-None-Match": tag})
     assert changed.status_code == 200
     assert changed.json()[0]["state"] == "cancelled"
+
+
+def test_filtered_pages_follow_one_order_whatever_the_collation(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collation such as en_US (PostgreSQL's usual one) sorts a-2, a1, B1 otherwise than Python: a
+    filtered page must be keyed in the order it was sorted, or the next page skips a node. The test server
+    runs with the C locale, so the column gets ICU's English collation here."""
+    sessions = client.app.state.ctx.sessions  # type: ignore[attr-defined]
+    if sessions.kw["bind"].dialect.name == "postgresql":
+        with transaction(sessions) as session:
+            session.execute(text('ALTER TABLE nodes ALTER COLUMN name TYPE varchar(64) COLLATE "en-x-icu"'))
+    client.post("/api/v1/nodes", json={"names": ["a-2", "a1", "B1", "b-1"]})
+    cli_through(client, monkeypatch)
+    head = CliState().client()
+    listed = [n["name"] for n in head.list_nodes("a-2,a1,B1,b-1", page=1)]
+    assert sorted(listed) == sorted(["a-2", "a1", "B1", "b-1"])
+    assert len(listed) == 4
+    gpus_after = client.get("/api/v1/gpus", params={"nodes": "a-2,a1", "after": "a-2:0"})
+    assert gpus_after.status_code == 200

@@ -24,7 +24,7 @@ from uvicorn.supervisors import Multiprocess
 
 from gpufleet.api.app import create_app
 from gpufleet.auth import service as auth
-from gpufleet.core import gc_tuning, tls
+from gpufleet.core import gc_tuning, logs, tls
 from gpufleet.core.clock import SystemClock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import make_engine, make_session_factory, transaction
@@ -100,7 +100,8 @@ def _config(settings: Settings, app: Any, workers: int = 1) -> uvicorn.Config:
 
 def worker_app(settings: Settings) -> FastAPI:
     """One of `workers` head processes (called in the process, by uvicorn): the app over the database
-    the parent migrated."""
+    the parent migrated. A spawned process starts with no logging set up: it gets the parent's."""
+    logs.configure(settings.log_level)
     app = create_app(settings, make_session_factory(make_engine(settings.effective_database_url)), SystemClock())
     gc_tuning.tune_for_long_running()
     return app
@@ -113,7 +114,8 @@ def _run_workers(settings: Settings, announce: bool) -> None:
         raise ConfigError(
             f"workers = {settings.workers} needs PostgreSQL (database_url): SQLite serves one head process"
         )
-    _sessions, token = _set_up(settings)
+    sessions, token = _set_up(settings)
+    sessions.kw["bind"].dispose()  # the processes open their own connections
     if token is not None and announce:
         print(f"Admin token (shown once, store it now): {token}", flush=True)
     # The settings travel to each process pickled, as the plain `Settings` (load_settings' is a local class).

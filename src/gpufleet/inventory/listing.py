@@ -93,9 +93,9 @@ def node_page(session: Session, expressions: list[str] | None, after: str | None
     """
     names = expand_names(expressions) if expressions else None
     query = _node_query()
-    if after is not None:
+    if after is not None and names is None:
         query = query.where(Node.name > after)
-    found = _fetch(session, query, names, limit, key=lambda r: r.name)
+    found = _fetch(session, query, names, limit, key=lambda r: r.name, after=after)
     more = len(found) > limit
     parsed: dict[str | None, Any] = {}
     rows = [
@@ -123,10 +123,17 @@ def node_page(session: Session, expressions: list[str] | None, after: str | None
 
 
 def _fetch(
-    session: Session, query: Select[*tuple[Any, ...]], names: list[str] | None, limit: int, key: Callable[[Any], Any]
+    session: Session,
+    query: Select[*tuple[Any, ...]],
+    names: list[str] | None,
+    limit: int,
+    key: Callable[[Any], Any],
+    after: Any = None,
 ) -> list[Any]:
-    """Up to `limit` + 1 rows of `query` (one more tells whether another page follows), only those of the
-    nodes `names` names when given (in chunks, sorted by `key` as the query orders them).
+    """Up to `limit` + 1 rows of `query` (one more tells whether another page follows). For the nodes
+    `names` names, in chunks, then sorted and paged here by `key` past `after`: the database's collation
+    (PostgreSQL's ignores case and punctuation at first) need not agree with Python's order, and one
+    order must both sort a page and key the next.
 
     Core, not the ORM's execute: the ORM's row processing costs more than the query at a thousand rows."""
     db = session.connection()
@@ -135,7 +142,7 @@ def _fetch(
     rows: list[Any] = []
     for start in range(0, len(names), _IN_CHUNK):
         rows += db.execute(query.where(Node.name.in_(names[start : start + _IN_CHUNK])))
-    return sorted(rows, key=key)
+    return [r for r in sorted(rows, key=key) if after is None or key(r) > after][: limit + 1]
 
 
 def _parsed(seen: dict[str | None, Any], text: str | None, empty: Any) -> Any:
@@ -164,9 +171,9 @@ def gpu_page(session: Session, expressions: list[str] | None, after: tuple[str, 
         .join(Node, Node.id == Gpu.node_id)
         .order_by(Node.name, Gpu.index)
     )
-    if after is not None:
+    if after is not None and names is None:
         query = query.where(tuple_(Node.name, Gpu.index) > tuple_(*after))
-    rows = _fetch(session, query, names, limit, key=lambda r: (r.node, r.index))
+    rows = _fetch(session, query, names, limit, key=lambda r: (r.node, r.index), after=after)
     more = len(rows) > limit
     rows = rows[:limit]
     out = [{k: v for k, v in r._asdict().items() if k != "node_id"} for r in rows]

@@ -54,7 +54,8 @@ router = APIRouter(prefix="/agent", tags=["agent"])
 HELLO_TIMEOUT_S = 10.0
 # Reports a channel may have waiting for the database; an agent further ahead is asked to reconnect.
 REPORTS_LIMIT = 256
-Reports = asyncio.Queue[JobOutput | JobUpdate | JobHeld | NodeCache]
+Report = JobOutput | JobUpdate | JobHeld | NodeCache  # what a node sends about its jobs and its cache
+Reports = asyncio.Queue[JobUpdate | JobHeld | NodeCache]
 
 
 @router.post("/join")
@@ -186,8 +187,9 @@ async def _serve(
 ) -> tuple[int, str] | None:
     """Read the agent's messages until it goes; returns the close code and reason for a protocol error.
 
-    Nothing here waits on the database: what must be written (job reports, the cache report) goes to
-    the channel's `reports` queue, in order, for `_record_forever`. A read loop that awaited a write
+    Nothing here waits on the database: what must be written (job updates and held ranks, the cache
+    report) goes to the channel's `reports` queue, in order, for `_record_forever`; all of these the agent
+    sends again after a reconnect until acknowledged. A read loop that awaited a write
     stopped reading this node's heartbeats for as long as the write queued behind a join storm's
     inventories (seconds), and a live node was marked down with its heartbeats sitting unread."""
     interval: float | None = None
@@ -219,11 +221,25 @@ async def _serve(
             ctx.monitoring.events(chan.node_id, message.events)
         elif isinstance(message, LogLines):
             ctx.monitoring.log_lines(chan.node_id, message.lines)
-        elif isinstance(message, JobOutput | JobUpdate | JobHeld | NodeCache):
-            try:
-                reports.put_nowait(message)
-            except asyncio.QueueFull:  # the agent re-sends what was not acknowledged once it reconnects
-                return CLOSE_TRY_AGAIN, f"head busy: {REPORTS_LIMIT} reports wait to be recorded; reconnect"
+        elif isinstance(message, JobOutput | JobUpdate | JobHeld | NodeCache) and not _take(
+            ctx, chan, message, reports
+        ):
+            return CLOSE_TRY_AGAIN, f"head busy: {REPORTS_LIMIT} reports wait to be recorded; reconnect"
+
+
+def _take(ctx: Ctx, chan: Channel, message: Report, reports: Reports) -> bool:
+    """Hand a job or cache message on without waiting; False when `reports` is full (the agent re-sends
+    what was not acknowledged once it reconnects)."""
+    if isinstance(message, JobOutput):
+        # Straight into the output buffer, as it arrives: the agent does not send output twice, so it must
+        # not wait in `reports` (dropped with the channel), and the buffer write never blocks.
+        ctx.jobs.output(chan.node_id, message)
+        return True
+    try:
+        reports.put_nowait(message)
+    except asyncio.QueueFull:
+        return False
+    return True
 
 
 async def _record_forever(ctx: Ctx, chan: Channel, reports: Reports) -> None:
@@ -243,10 +259,8 @@ async def _record_forever(ctx: Ctx, chan: Channel, reports: Reports) -> None:
             return
 
 
-async def _record(ctx: Ctx, chan: Channel, message: JobOutput | JobUpdate | JobHeld | NodeCache) -> None:
-    if isinstance(message, JobOutput):
-        ctx.jobs.output(chan.node_id, message)
-    elif isinstance(message, NodeCache):
+async def _record(ctx: Ctx, chan: Channel, message: JobUpdate | JobHeld | NodeCache) -> None:
+    if isinstance(message, NodeCache):
         await to_thread.run_sync(ctx.jobs.record_cache, chan.node_id, message)
     elif isinstance(message, JobUpdate):
         # Acknowledged once durable, so the agent forgets a rank's end only when the head has it.
