@@ -152,10 +152,21 @@ def test_refusals_write_nothing(
     assert _count_jobs(setup) == 0
 
 
-def test_under_slurm_arrays_are_refused_for_now(setup: sessionmaker[Session], clock: FakeClock) -> None:
-    with pytest.raises(InvalidInput, match="sbatch --array"), transaction(setup) as s:
-        submission.submit(s, clock, ADMIN, JobSubmit(argv=["x"], user="alice", array="0-3"), LIMITS, backend="slurm")
-    assert _count_jobs(setup) == 0
+def test_under_slurm_an_array_queues_its_tasks_for_the_slurm_sync(
+    setup: sessionmaker[Session], clock: FakeClock
+) -> None:
+    """The tasks wait, unsubmitted, for the Slurm sync to hand them to one sbatch --array
+    (tests/slurm/test_slurm_arrays.py runs that against a real Slurm)."""
+    with transaction(setup) as s:
+        spec = JobSubmit(argv=["x"], user="alice", array="0-3%2")
+        first = submission.submit(s, clock, ADMIN, spec, LIMITS, backend="slurm").id
+    tasks = _tasks(setup, first)
+    assert [(t.array_task_id, t.array_throttle, t.backend, t.external_id) for t in tasks] == [
+        (i, 2, "slurm", None) for i in range(4)
+    ]
+    assert {t.state for t in tasks} == {JobState.PENDING}
+    assert {t.reason for t in tasks} == {"submitted: waiting to go to Slurm"}
+    assert [t.env["GPUFLEET_ARRAY_TASK_ID"] for t in tasks] == ["0", "1", "2", "3"]
 
 
 def test_a_throttled_array_never_runs_more_than_n_tasks_as_they_end(

@@ -1,7 +1,8 @@
 """gpufleet's jobs run by a real Slurm 22.05 (scripts/services/slurm.sh): submitted through gpufleet, given
-their GPUs by Slurm (CUDA_VISIBLE_DEVICES in the job), followed to their end, cancelled; jobs submitted to
-Slurm directly listed too; Slurm refusing a job fails it with Slurm's reason; drains set or lifted in
-Slurm by hand mirrored on the node row."""
+their GPUs by Slurm (CUDA_VISIBLE_DEVICES in the job), followed to their end, cancelled; job arrays as one
+sbatch --array, throttled, each task mapped back to its row and cancelled alone or with its array; jobs
+submitted to Slurm directly listed too; Slurm refusing a job fails it with Slurm's reason; drains set or
+lifted in Slurm by hand mirrored on the node row."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
 from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.jobs import lifecycle
-from gpufleet.jobs.models import Job, JobState
+from gpufleet.jobs.models import FINAL_STATES, Job, JobState
 from gpufleet.jobs.slurm.batch import BatchOptions
 from gpufleet.jobs.slurm.commands import SlurmCommands
 from gpufleet.jobs.slurm.manager import SlurmWorkloadManager
@@ -30,6 +31,7 @@ from tests.slurm.conftest import SlurmCluster, sinfo_node, wait_until
 pytestmark = pytest.mark.slurm
 SHOW = '"gpus=$CUDA_VISIBLE_DEVICES greeting=$GREETING user=$(id -un) path=$PATH"'
 RUN_AS = "nobody"  # the head runs as root here and submits as the job's user (sbatch --uid)
+ARRAY_IDS = 'echo "$GPUFLEET_ARRAY_TASK_ID $SLURM_ARRAY_TASK_ID $GPUFLEET_ARRAY_JOB_ID"; sleep 2'
 
 
 @pytest.fixture
@@ -154,6 +156,103 @@ def test_cancel_in_gpufleet_scancels_the_slurm_job(sync: SlurmSync, sessions: se
     sync.once()
     after = row(sessions, job_id)
     assert (after.state, after.reason) == (JobState.CANCELLED, "cancelled by user:admin")
+
+
+def array_rows(sessions: sessionmaker[Session], first: int) -> list[Job]:
+    with transaction(sessions, readonly=True) as s:
+        found = list(s.scalars(select(Job).where(Job.array_job_id == first).order_by(Job.array_task_id)))
+        s.expunge_all()
+        return found
+
+
+def slurm_tasks(commands: SlurmCommands, array: str, states: str = "all") -> list[tuple[str, str, str]]:
+    """(task name, array job id, state) of each task of the array as Slurm lists them, one a line (-r)."""
+    out = commands.run(["squeue", "-h", "-r", "-t", states, "-j", array, "-o", "%i|%F|%T"])
+    return [(name, owner, state) for name, owner, state in (line.split("|") for line in out.split())]
+
+
+def test_an_array_is_one_sbatch_whose_tasks_map_back_to_their_rows(
+    sync: SlurmSync, sessions: sessionmaker[Session], slurm_cluster: SlurmCluster
+) -> None:
+    first = submit(
+        sessions, name="sweep", array="0-3%2", argv=["sh", "-c", ARRAY_IDS], time_limit_s=120, workdir="/tmp"
+    )
+    result = sync.once()
+    assert (result.problem, result.refused) == (None, {})
+    array = result.arrays[first]
+    names = [f"{array}_{task}" for task in range(4)]
+    assert [t.external_id for t in array_rows(sessions, first)] == names
+    # One sbatch: Slurm lists the four tasks under one array job id.
+    listed = slurm_tasks(sync.manager.commands, array)
+    assert sorted(name for name, _, _ in listed) == names
+    assert {owner for _, owner, _ in listed} == {array}
+    most = {"slurm": 0, "gpufleet": 0}  # tasks seen running at once
+
+    def all_done() -> bool:
+        sync.once()
+        running = [n for n, _, state in slurm_tasks(sync.manager.commands, array) if state == "RUNNING"]
+        rows = array_rows(sessions, first)
+        most["slurm"] = max(most["slurm"], len(running))
+        most["gpufleet"] = max(most["gpufleet"], sum(r.state == JobState.RUNNING for r in rows))
+        ended_badly = [
+            (r.external_id, r.state, r.reason) for r in rows if r.state in FINAL_STATES - {JobState.COMPLETED}
+        ]
+        assert ended_badly == []  # e.g. a task still waiting in Slurm taken for one gone unseen
+        return all(r.state == JobState.COMPLETED for r in rows)
+
+    wait_until("every task of the array to complete", all_done, 60)
+    assert 1 <= most["slurm"] <= 2  # the %2 throttle, enforced by Slurm
+    assert 1 <= most["gpufleet"] <= 2
+    for row in array_rows(sessions, first):
+        assert (row.exit_code, row.reason) == (0, "Slurm: completed")
+        assert row.started_at is not None
+        output = (slurm_cluster.jobout / f"gpufleet-{row.external_id}.out").read_text()
+        assert output == f"{row.array_task_id} {row.array_task_id} {first}\n"  # its own id, and gpufleet's array
+
+
+def test_an_array_tasks_bash_script_gets_its_task_id_and_keeps_its_sbatch_lines(
+    sync: SlurmSync, sessions: sessionmaker[Session], slurm_cluster: SlurmCluster
+) -> None:
+    script = '#!/bin/bash\n#SBATCH --nice=7\necho "$GPUFLEET_ARRAY_TASK_ID $SLURM_ARRAY_TASK_ID"\n'
+    first = submit(sessions, array="4,9", script=script, time_limit_s=60, workdir="/tmp")
+    wait_until(
+        "both tasks to complete",
+        lambda: sync.once() is not None and {r.state for r in array_rows(sessions, first)} == {JobState.COMPLETED},
+    )
+    for row in array_rows(sessions, first):
+        task = row.array_task_id
+        assert (slurm_cluster.jobout / f"gpufleet-{row.external_id}.out").read_text() == f"{task} {task}\n"
+        # The #SBATCH line above the added one was still read by sbatch.
+        nice = sync.manager.commands.run(["squeue", "-h", "-t", "all", "-j", str(row.external_id), "-o", "%y"])
+        assert nice.strip() == "7"
+
+
+def test_cancelling_a_task_or_the_array_cancels_them_in_slurm(sync: SlurmSync, sessions: sessionmaker[Session]) -> None:
+    first = submit(sessions, array="0-5%1", argv=["sleep", "300"], time_limit_s=600, workdir="/tmp")
+    running = settle(sync, sessions, first, {JobState.RUNNING})  # task 0; 1-5 wait for the throttle
+    array = (running.external_id or "").split("_")[0]
+    commands = sync.manager.commands
+
+    def pending() -> list[str]:
+        return sorted(name for name, _, _ in slurm_tasks(commands, array, "pending"))
+
+    rows = array_rows(sessions, first)
+    with transaction(sessions) as s:
+        lifecycle.cancel(s, SystemClock(), rows[3].id, "user:admin", user=None, admin=True)
+    assert sync.once().cancelled == [f"{array}_3"]  # a task not started yet, by its name
+    wait_until("task 3 to leave Slurm's queue", lambda: pending() == [f"{array}_{t}" for t in (1, 2, 4, 5)])
+    states = [r.state for r in array_rows(sessions, first)]
+    assert states == [JobState.RUNNING, JobState.PENDING, JobState.PENDING, JobState.CANCELLED, *states[4:]]
+    assert states[4:] == [JobState.PENDING, JobState.PENDING]
+
+    with transaction(sessions) as s:
+        lifecycle.cancel_array(s, SystemClock(), first, "user:admin", user=None, admin=True)
+    assert sync.once().cancelled == [array]  # every task ended in gpufleet: the whole array, one scancel
+    wait_until("Slurm to end every task", lambda: slurm_tasks(commands, array, "pending,running") == [])
+    sync.once()
+    assert {(r.state, r.reason) for r in array_rows(sessions, first)} == {
+        (JobState.CANCELLED, "cancelled by user:admin")
+    }
 
 
 def test_a_job_slurm_refuses_fails_with_slurms_reason(sync: SlurmSync, sessions: sessionmaker[Session]) -> None:

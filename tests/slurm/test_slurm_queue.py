@@ -1,5 +1,6 @@
-"""Slurm's jobs parsed from real `squeue --json` output (22.05.8), the later versions' shapes, sacct's
-lines for jobs that left the queue, and gpufleet jobs rendered as sbatch arguments and scripts."""
+"""Slurm's jobs parsed from real `squeue --json` output (22.05.8), job arrays' tasks and unstarted rest
+included, the later versions' shapes, sacct's lines for jobs that left the queue, and gpufleet jobs (and
+arrays) rendered as sbatch arguments and scripts."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import pytest
 from gpufleet.core.errors import InvalidInput, NotFound, Unavailable
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.jobs.slurm import output as slurm_output
-from gpufleet.jobs.slurm.batch import BatchOptions, render_script, sbatch_argv
+from gpufleet.jobs.slurm.batch import BatchOptions, job_environment, render_script, sbatch_argv
 from gpufleet.jobs.slurm.history import parse_sacct_end
-from gpufleet.jobs.slurm.queue import SlurmJob, parse_squeue_json
+from gpufleet.jobs.slurm.queue import SlurmJob, parse_squeue_json, split_task_name, task_name, task_ranges
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "slurm"
 
@@ -110,6 +111,89 @@ def test_the_shapes_of_slurm_23_11_and_later() -> None:
     assert (wait.state, wait.reason, wait.time_limit_s, wait.started_at) == (JobState.PENDING, "Priority", None, None)
 
 
+def array(name: str) -> dict[str, SlurmJob]:
+    """An array's records by their Slurm name (`1_0`...), the rest of the array under "rest"."""
+    found = parse_squeue_json((FIXTURES / name).read_text())
+    return {("rest" if j.array_pending else j.slurm_name): j for j in found}
+
+
+def test_an_arrays_tasks_and_its_unstarted_rest_in_slurm_22_05() -> None:
+    """sbatch --array=0-5%2 --comment=gpufleet:41, task 0 exiting 3 at once, the others sleeping."""
+    found = array("squeue-json-array.json")
+    assert sorted(found) == ["1_0", "1_1", "1_2", "rest"]
+    failed, running, rest = found["1_0"], found["1_1"], found["rest"]
+    # A started task is a record of its own: its own job id, the array's id, its task id.
+    assert (failed.job_id, failed.array_job_id, failed.array_task_id, failed.array_pending) == ("2", "1", 0, None)
+    assert (failed.state, failed.exit_code, failed.reason) == (JobState.FAILED, 3, "NonZeroExitCode")
+    assert (running.job_id, running.state, running.nodes) == ("3", JobState.RUNNING, ("sim001",))
+    assert running.started_at is not None
+    assert running.ended_at is None
+    # The tasks not started are one record, the array's own job id, throttled by %2.
+    assert (rest.job_id, rest.array_job_id, rest.array_task_id) == ("1", "1", None)
+    assert (rest.array_pending, rest.state, rest.reason) == ("3-5%2", JobState.PENDING, "JobArrayTaskLimit")
+    assert [t for t in range(8) if rest.stands_for(t)] == [3, 4, 5]
+    assert (rest.first_pending, rest.slurm_name) == (3, "1_3")
+    assert {j.gpufleet_id for j in found.values()} == {41}  # every record carries the array's comment
+    assert not failed.stands_for(0)  # a task record stands for no other task
+
+
+def test_the_last_unstarted_task_is_a_pending_task_record() -> None:
+    found = array("squeue-json-array-last-pending.json")
+    last = found["1_5"]
+    assert (last.job_id, last.array_task_id, last.array_pending, last.state) == ("1", 5, None, JobState.PENDING)
+    assert (found["1_3"].state, found["1_1"].state) == (JobState.RUNNING, JobState.COMPLETED)
+    assert "rest" not in found
+
+
+def test_an_array_cancelled_before_its_tasks_started() -> None:
+    """scancel 9_4 (a pending task: it leaves no record at all), then scancel 9 (the whole array)."""
+    found = array("squeue-json-array-cancelled.json")
+    assert sorted(found) == ["9_0", "9_1", "rest"]
+    rest = found["rest"]
+    assert (rest.array_pending, rest.state) == ("2-3,5%2", JobState.CANCELLED)
+    assert [t for t in range(7) if rest.stands_for(t)] == [2, 3, 5]
+    assert (found["9_0"].state, found["9_0"].exit_code) == (JobState.CANCELLED, 128 + 15)
+
+
+def test_array_task_strings_and_names() -> None:
+    assert task_ranges("[5-999%50]") == (range(5, 1000),)
+    assert task_ranges("1,3,5-7") == (range(1, 2), range(3, 4), range(5, 8))
+    assert task_ranges("0-200:2%3") == (range(0, 201, 2),)
+    assert [task_ranges(t) for t in ("1-5...", "", "0-9:0", "a")] == [None] * 4
+    unreadable = SlurmJob("1", "n", "u", None, None, "PENDING", None, None, array_job_id="1", array_pending="0-9...")
+    assert unreadable.stands_for(123)  # unknown: kept waiting rather than taken for ended
+    assert (unreadable.first_pending, unreadable.slurm_name) == (None, "1")
+    assert (task_name("1234", 7), split_task_name("1234_7")) == ("1234_7", ("1234", 7))
+    assert [split_task_name(n) for n in ("1234", "1234_", "_7", "1234_[3-5]")] == [None] * 4
+    plain = jobs("squeue-json-active.json")["holder"]  # 22.05: array_job_id 0 for a job that is no array
+    assert (plain.array_job_id, plain.array_task_id, plain.array_pending, plain.slurm_name) == (None, None, None, "21")
+
+
+def test_an_array_task_in_the_shapes_of_slurm_23_11_and_later() -> None:
+    unset = {"set": False, "infinite": False, "number": 0}
+    base = {"name": "t", "user_name": "u", "job_state": ["PENDING"], "array_task_string": ""}
+    raw = {
+        "jobs": [
+            base
+            | {
+                "job_id": 90,
+                "array_job_id": {"set": True, "infinite": False, "number": 88},
+                "array_task_id": {"set": True, "infinite": False, "number": 4},
+            },
+            base
+            | {
+                "job_id": 88,
+                "array_job_id": {"set": True, "infinite": False, "number": 88},
+                "array_task_id": unset,
+                "array_task_string": "5-9%2",
+            },
+            base | {"job_id": 91, "array_job_id": unset, "array_task_id": unset},
+        ]
+    }
+    task, rest, plain = parse_squeue_json(json.dumps(raw))
+    assert (task.slurm_name, rest.slurm_name, rest.array_pending, plain.slurm_name) == ("88_4", "88_5", "5-9%2", "91")
+
+
 def test_an_unreachable_controller_and_bad_output_are_clear_errors() -> None:
     unreachable = {
         "jobs": [],
@@ -151,6 +235,16 @@ def test_sacct_tells_how_a_job_that_left_the_queue_ended() -> None:
     )
     assert parse_sacct_end(lines, "32") is None
     assert parse_sacct_end("33|RUNNING|0:0|Unknown\n", "33") is None  # not ended: nothing to record
+    # An array task, asked as `sacct -j 1234_7,1234_8`: JobID is Slurm's name for the task (slurmdbd).
+    tasks = "1234_7|COMPLETED|0:0|2026-11-30T09:32:00\n1234_8|FAILED|2:0|2026-11-30T09:32:05\n"
+    assert parse_sacct_end(tasks, "1234_8") == (
+        JobState.FAILED,
+        "failed",
+        2,
+        datetime(2026, 11, 30, 9, 32, 5, tzinfo=UTC),
+    )
+    assert parse_sacct_end(tasks, "1234_7") is not None
+    assert parse_sacct_end(tasks, "1234") is None  # the array's id is not one of its tasks
 
 
 def job(**values: object) -> Job:
@@ -252,3 +346,52 @@ def test_a_slurm_jobs_output_is_read_from_its_file_by_byte_offset(tmp_path: Path
         slurm_output.read(job(external_id="9", state=JobState.RUNNING, started_at=ended.started_at), tmp_path)
     waiting = slurm_output.read(job(external_id="10", state=JobState.PENDING, started_at=None), tmp_path)
     assert (waiting.chunks, waiting.done) == ([], False)
+
+
+def task(**values: object) -> Job:
+    """Task 7 of gpufleet's array 5 (throttle %50), with the variables submission gives it."""
+    env = {
+        "GPUFLEET_ARRAY_JOB_ID": "5",
+        "GPUFLEET_ARRAY_TASK_ID": "7",
+        "GPUFLEET_ARRAY_TASK_COUNT": "1000",
+        "GPUFLEET_ARRAY_TASK_MIN": "0",
+        "GPUFLEET_ARRAY_TASK_MAX": "999",
+    }
+    return job(**({"id": 12, "array_job_id": 5, "array_task_id": 7, "array_throttle": 50, "env": env} | values))
+
+
+def test_an_array_is_one_sbatch_with_the_arrays_comment_and_shared_variables() -> None:
+    options = BatchOptions(output_dir=Path("/shared/out"))
+    argv = sbatch_argv(task(), "/tmp/s.sh", options, head_user="alice", tasks=[*range(7, 1000), 3])
+    assert "--array=3,7-999%50" in argv
+    assert "--comment=gpufleet:5" in argv  # the array's id, which every task's row carries
+    assert "--output=/shared/out/gpufleet-%A_%a.out" in argv  # read back as gpufleet-<array>_<task>.out
+    # The task's own id differs in each task, so it cannot go through --export; the others can.
+    export = next(a for a in argv if a.startswith("--export="))
+    assert export == "--export=GPUFLEET_ARRAY_JOB_ID,GPUFLEET_ARRAY_TASK_COUNT,GPUFLEET_ARRAY_TASK_MAX," + (
+        "GPUFLEET_ARRAY_TASK_MIN,PATH"
+    )
+    assert "GPUFLEET_ARRAY_TASK_ID" not in job_environment(task())
+    assert job_environment(task())["GPUFLEET_ARRAY_JOB_ID"] == "5"
+    unthrottled = sbatch_argv(task(array_throttle=None), "s", BatchOptions(), head_user="alice")
+    assert "--array=7" in unthrottled  # by default the task itself
+
+
+def test_an_array_tasks_shell_script_sets_its_task_id_from_slurms() -> None:
+    line = 'export GPUFLEET_ARRAY_TASK_ID="$SLURM_ARRAY_TASK_ID"\n'
+    assert render_script(task()) == f"#!/bin/sh\n{line}exec python train.py --lr 3e-4 --name 'it'\"'\"'s mine'\n"
+    assert render_script(task(argv=[], script="echo $GPUFLEET_ARRAY_TASK_ID")) == (
+        f"#!/bin/sh\n{line}echo $GPUFLEET_ARRAY_TASK_ID"
+    )
+    # After the comments under the #! line: sbatch stops reading #SBATCH lines at the first command.
+    script = "#!/bin/bash -e\n#SBATCH --nice=5\n\n# sweep\nrun $GPUFLEET_ARRAY_TASK_ID\n"
+    assert render_script(task(argv=[], script=script)) == (
+        f"#!/bin/bash -e\n#SBATCH --nice=5\n\n# sweep\n{line}run $GPUFLEET_ARRAY_TASK_ID\n"
+    )
+    for shebang in ("#!/usr/bin/env bash", "#!/usr/bin/env -S sh -e", "#!/bin/dash", "#! /bin/sh"):
+        assert line in render_script(task(argv=[], script=f"{shebang}\necho\n")), shebang
+    assert render_script(task(argv=[], script="#!/bin/sh")) == f"#!/bin/sh\n{line}"
+    # Another language reads SLURM_ARRAY_TASK_ID (the same number): its script is left as it is.
+    for other in ("#!/usr/bin/env python3\nprint(1)\n", "#!/usr/bin/perl\nprint 1;\n", "#!/bin/shellcheck\n"):
+        assert render_script(task(argv=[], script=other)) == other
+    assert line not in render_script(job())  # a job that is no array gets no such line

@@ -21,6 +21,7 @@ MAX_SPEC_CHARS = 1024
 _ITEM = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
 THROTTLE_REASON = "array throttle: {n} of the array's tasks run at once (%{n})"
 ARRAY_VARIABLES = 5  # how many `task_variables` adds to each task's environment (counted against MAX_ENV)
+TASK_ID_VARIABLE = "GPUFLEET_ARRAY_TASK_ID"  # the one that differs between tasks (Slurm: SLURM_ARRAY_TASK_ID)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +128,7 @@ def task_variables(array_job_id: int, task_id: int, spec: ArraySpec) -> dict[str
     """The variables every task of the array runs with (Slurm's SLURM_ARRAY_* under gpufleet's names)."""
     return {
         "GPUFLEET_ARRAY_JOB_ID": str(array_job_id),
-        "GPUFLEET_ARRAY_TASK_ID": str(task_id),
+        TASK_ID_VARIABLE: str(task_id),
         "GPUFLEET_ARRAY_TASK_COUNT": str(spec.count),
         "GPUFLEET_ARRAY_TASK_MIN": str(spec.task_ids[0]),
         "GPUFLEET_ARRAY_TASK_MAX": str(spec.task_ids[-1]),

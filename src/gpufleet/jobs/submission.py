@@ -9,7 +9,7 @@ only over what the project has *left* right now is accepted and waits with reaso
 
 A job array (`spec.array`) is checked once, as one job of its shape, and then all its tasks are queued by
 one bulk insert in the caller's transaction: each a pending job of its own that differs only in its task
-id and its GPUFLEET_ARRAY_* variables.
+id and its GPUFLEET_ARRAY_* variables. Under Slurm the Slurm sync submits them as one `sbatch --array`.
 """
 
 from __future__ import annotations
@@ -53,11 +53,6 @@ def submit(
     """Queue a job for `backend` ("builtin", or "slurm": the Slurm sync hands it to sbatch). For a job
     array, queue all its tasks and return the first."""
     array = arrays.parse(spec.array) if spec.array is not None else None  # InvalidInput before any read
-    if array is not None and backend == "slurm":
-        raise InvalidInput(
-            "job arrays run on gpufleet's built-in scheduler only for now; under Slurm they will map to"
-            " sbatch --array, which is not built yet: submit the tasks as jobs of their own meanwhile"
-        )
     values = _checked(session, clock, who, spec, limits, backend)
     if array is not None:
         return _submit_array(session, values, array)

@@ -12,16 +12,28 @@ under the built-in executor) are set in sbatch's environment and named in `--exp
 Slurm 20.11) passes exactly those, whatever their values hold (commas, newlines, quotes) and whatever
 language the script is in. The head's own environment never reaches the job. Slurm adds its own
 (SLURM_*, CUDA_VISIBLE_DEVICES for the job's GPUs).
+
+A job array is one sbatch: `--array=<task ids>%<throttle>` (the task ids gpufleet chose, which are Slurm's
+own: SLURM_ARRAY_TASK_ID is the task's GPUFLEET_ARRAY_TASK_ID), `--comment=gpufleet:<array job id>`, and
+the output in `gpufleet-<array>_<task>.out`. The variables all tasks share (GPUFLEET_ARRAY_JOB_ID, which is
+gpufleet's array id, _COUNT, _MIN, _MAX, and the job's own) go through `--export` as above; the task id
+cannot, being different in each task. A shell script gpufleet writes (a command's `exec`, a script with no
+#! line) or a user's script run by a shell (#!/bin/sh, #!/bin/bash, #!/usr/bin/env bash...) sets it
+from Slurm's by a line added after the #! line and the comments under it (sbatch reads #SBATCH lines only
+before the first command). A script in another language (#!/usr/bin/env python3...) is left as it is and
+reads SLURM_ARRAY_TASK_ID, the same number.
 """
 
 from __future__ import annotations
 
 import math
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet.core.errors import InvalidInput
+from gpufleet.jobs import arrays
 from gpufleet.jobs.models import Job
 from gpufleet.jobs.slurm.queue import GPUFLEET_COMMENT
 from gpufleet.protocol.jobs import DEFAULT_PATH
@@ -29,6 +41,9 @@ from gpufleet.protocol.jobs import DEFAULT_PATH
 SHELL = "#!/bin/sh"  # as the built-in executor runs scripts without a #! line
 # Variables sbatch itself reads (SBATCH_*, SLURM_CONF...): a job may not set them through gpufleet.
 SLURM_OWN = ("SLURM_", "SBATCH_")
+# Shells that take `export NAME="$VALUE"`: a script they run gets the array task's id set by gpufleet.
+SHELLS = frozenset({"sh", "bash", "dash", "ksh", "zsh"})
+SET_TASK_ID = f'export {arrays.TASK_ID_VARIABLE}="$SLURM_ARRAY_TASK_ID"\n'
 
 
 @dataclass(frozen=True)
@@ -41,27 +56,64 @@ class BatchOptions:
 
 
 def output_path(output_dir: Path, job_id: str) -> Path:
-    """Where Slurm writes a job's stdout and stderr under `output_dir` (`%j` is Slurm's job id)."""
+    """Where Slurm writes a job's stdout and stderr under `output_dir`: `job_id` is the job's external_id
+    (`%j` for a job, `%A_%a` for an array's task, Slurm's patterns for both when submitting)."""
     return output_dir / f"gpufleet-{job_id}.out"
 
 
 def job_environment(job: Job) -> dict[str, str]:
-    """What the job's processes see besides Slurm's own: a standard PATH unless the job sets one."""
-    return {"PATH": DEFAULT_PATH} | job.env
+    """What the job's processes see besides Slurm's own: a standard PATH unless the job sets one. For an array
+    task, what all its array's tasks share: the task's own id is set by the script (`render_script`)."""
+    env = {"PATH": DEFAULT_PATH} | job.env
+    if job.array_job_id is not None:
+        env.pop(arrays.TASK_ID_VARIABLE, None)
+    return env
 
 
 def render_script(job: Job) -> str:
-    """The batch script: the job's script, or its command."""
+    """The batch script: the job's script, or its command; for an array task, one that sets its task id."""
     if job.script is not None:
-        return job.script if job.script.startswith("#!") else f"{SHELL}\n{job.script}"
-    if not job.argv:
+        script = job.script if job.script.startswith("#!") else f"{SHELL}\n{job.script}"
+    elif job.argv:
+        script = f"{SHELL}\nexec {shlex.join(job.argv)}\n"
+    else:
         raise InvalidInput(f"job {job.id} has neither a command nor a script")
-    return f"{SHELL}\nexec {shlex.join(job.argv)}\n"
+    if job.array_job_id is not None and runs_in_shell(script):
+        return _with_task_id(script)
+    return script
 
 
-def sbatch_argv(job: Job, script_path: str, options: BatchOptions, *, head_user: str) -> list[str]:
-    """`sbatch` with every option as its own argument (never a shell). Raises InvalidInput for what Slurm
-    cannot be asked through gpufleet: a container image (Slurm needs pyxis/enroot for that), or another
+def runs_in_shell(script: str) -> bool:
+    """Whether the script's #! line names a shell, directly (#!/bin/bash -e) or through env (#!/usr/bin/env sh)."""
+    words = script.partition("\n")[0].removeprefix("#!").split()
+    if words and words[0].rsplit("/", 1)[-1] == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]  # env's own options (-S, -i)
+    return bool(words) and words[0].rsplit("/", 1)[-1] in SHELLS
+
+
+def _with_task_id(script: str) -> str:
+    """The script with SET_TASK_ID after its #! line and the comments and blank lines under it: sbatch
+    stops reading #SBATCH lines at the first command, so the line must not come before them."""
+    lines = script.splitlines(keepends=True)
+    at = 1
+    while at < len(lines) and (not lines[at].strip() or lines[at].lstrip().startswith("#")):
+        at += 1
+    if at == len(lines) and lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    return "".join([*lines[:at], SET_TASK_ID, *lines[at:]])
+
+
+def array_option(task_ids: Sequence[int], throttle: int | None) -> str:
+    """sbatch's `--array=` for these tasks: Slurm's syntax, which `arrays.compact` writes."""
+    return f"--array={arrays.compact(task_ids)}" + (f"%{throttle}" if throttle else "")
+
+
+def sbatch_argv(
+    job: Job, script_path: str, options: BatchOptions, *, head_user: str, tasks: Sequence[int] = ()
+) -> list[str]:
+    """`sbatch` with every option as its own argument (never a shell). For an array task `job`, the sbatch
+    of its array's `tasks` (by default the job's own task), with `job`'s options. Raises InvalidInput for what
+    Slurm cannot be asked through gpufleet: a container image (Slurm needs pyxis/enroot for that), or another
     user's job when the head may not submit as them."""
     slurms = sorted(k for k in job.env if k.startswith(SLURM_OWN))
     if slurms:
@@ -71,17 +123,20 @@ def sbatch_argv(job: Job, script_path: str, options: BatchOptions, *, head_user:
             "containers are not run through Slurm by gpufleet (Slurm needs pyxis/enroot); "
             "run the container from the job's script instead"
         )
+    array = job.array_job_id is not None
     argv = [
         "sbatch",
         "--parsable",
         f"--job-name={job.name or 'gpufleet'}",
-        f"--comment={GPUFLEET_COMMENT}{job.id}",
+        f"--comment={GPUFLEET_COMMENT}{job.array_job_id if array else job.id}",
         f"--nodes={job.nodes}",
         "--ntasks-per-node=1",
         f"--time={max(1, math.ceil(job.time_limit_s / 60))}",
         f"--export={','.join(sorted(job_environment(job)))}",  # the values: in sbatch's environment
         "--requeue" if job.requeue else "--no-requeue",
     ]
+    if array:
+        argv.append(array_option(tasks or [job.array_task_id or 0], job.array_throttle))
     if job.gpus_per_node:
         argv.append(f"--gres=gpu:{job.gpus_per_node}")
     if job.cpus_per_node:
@@ -96,7 +151,7 @@ def sbatch_argv(job: Job, script_path: str, options: BatchOptions, *, head_user:
     if job.workdir:
         argv.append(f"--chdir={job.workdir}")
     if options.output_dir is not None:
-        argv.append(f"--output={output_path(options.output_dir, '%j')}")
+        argv.append(f"--output={output_path(options.output_dir, '%A_%a' if array else '%j')}")
     if job.user != head_user:
         if not options.run_as_others:
             raise InvalidInput(

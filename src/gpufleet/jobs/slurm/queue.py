@@ -12,7 +12,15 @@ between versions are all read:
 - `gres_detail`: per node, in `nodes` order, "gpu:TYPE:N(IDX:0-1,3)" or "gpu:N(IDX:..)".
 
 A job submitted through gpufleet carries `--comment=gpufleet:<id>` (`GPUFLEET_COMMENT`), which is how a
-gpufleet job is found in Slurm again (after a lost answer from sbatch, or a restart of the head).
+gpufleet job is found in Slurm again (after a lost answer from sbatch, or a restart of the head). A job
+array carries its array job id there (gpufleet's, the first task's row id) on every task.
+
+Job arrays (checked on 22.05.8): a task that has started (or ended) is a record of its own, with its own
+`job_id` and its array's `array_job_id` and `array_task_id`; its name in Slurm is `<array_job_id>_<task>`
+(`SlurmJob.slurm_name`), which `scancel` and `sacct -j` accept. The tasks not yet started are one record
+(the array's own job id) whose `array_task_string` names them ("3-5%2", the throttle after %), in one
+state: PENDING, or CANCELLED when the array was cancelled before they started. When a single task is left
+unstarted Slurm lists it as a task record (array_task_id set) that is still PENDING.
 """
 
 from __future__ import annotations
@@ -54,6 +62,33 @@ SLURM_STATES = {
 }
 _GPU_GRES = re.compile(r"^gpu(?::[^:(]+)?:(\d+)\(IDX:([^)]*)\)")
 _GPU_REQUEST = re.compile(r"(?:^|,)(?:gres[:/])?gpu(?::[^:,]+)?[:=](\d+)")
+_TASK_RANGE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+
+
+def task_name(array_job_id: str, task_id: int) -> str:
+    """Slurm's own name for one task of an array (`1234_7`): what squeue shows, scancel and sacct take."""
+    return f"{array_job_id}_{task_id}"
+
+
+def split_task_name(name: str) -> tuple[str, int] | None:
+    """(array job id, task id) of a task's name, None for a plain job id."""
+    array, sep, task = name.partition("_")
+    return (array, int(task)) if sep and array.isdigit() and task.isdigit() else None
+
+
+def task_ranges(text: str) -> tuple[range, ...] | None:
+    """The task ids of an array_task_string ("3-5%2", "[1,4-9:5]"), as ranges: membership without listing
+    a foreign array's millions of ids. None when Slurm's string cannot be read (e.g. cut short with "...")."""
+    spec = text.strip().removeprefix("[").removesuffix("]").partition("%")[0]
+    found = []
+    for item in spec.split(","):
+        match = _TASK_RANGE.match(item.strip())
+        step = int(match.group(3) or 1) if match else 0
+        if match is None or step < 1:
+            return None
+        first = int(match.group(1))
+        found.append(range(first, int(match.group(2) or first) + 1, step))
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -77,6 +112,34 @@ class SlurmJob:
     started_at: datetime | None = None
     ended_at: datetime | None = None
     exit_code: int | None = None
+    array_job_id: str | None = None  # the array this record belongs to (a task, or its unstarted tasks)
+    array_task_id: int | None = None  # the task this record is, once it has a record of its own
+    # For the record that stands for an array's tasks not yet started: which, as Slurm writes them ("3-5%2").
+    array_pending: str | None = None
+
+    @property
+    def slurm_name(self) -> str:
+        """The name gpufleet keeps as the job's external_id: `<array>_<task>` for an array task, else the job id.
+        The record of an array's unstarted tasks is named by the first of them (`SlurmSync` reads the rest)."""
+        if self.array_job_id is None:
+            return self.job_id
+        if self.array_task_id is not None:
+            return task_name(self.array_job_id, self.array_task_id)
+        first = self.first_pending
+        return self.job_id if first is None else task_name(self.array_job_id, first)
+
+    @property
+    def first_pending(self) -> int | None:
+        ranges = task_ranges(self.array_pending) if self.array_pending else None
+        return min((r.start for r in ranges if r), default=None) if ranges else None
+
+    def stands_for(self, task_id: int) -> bool:
+        """Whether this record of an array's unstarted tasks names `task_id`. When Slurm's task string cannot
+        be read every task may be among them: better a task left waiting than one ended unseen."""
+        if self.array_pending is None:
+            return False
+        ranges = task_ranges(self.array_pending)
+        return ranges is None or any(task_id in r for r in ranges)
 
     @property
     def state(self) -> JobState:
@@ -212,7 +275,22 @@ def _job(raw: Mapping[str, Any], now: float | None) -> SlurmJob:
         started_at=_time(raw.get("start_time")) if state != "PENDING" else None,
         ended_at=_time(raw.get("end_time"), now=now) if ended else None,
         exit_code=_exit_code(raw.get("exit_code")) if ended else None,
+        **_array_fields(raw),
     )
+
+
+def _array_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """array_job_id is 0 for a job that is no array (22.05), or {"set": false} (23.11 and later)."""
+    array_job = _number(raw.get("array_job_id"))
+    if not array_job:
+        return {}
+    task = _number(raw.get("array_task_id"))
+    pending = _text(raw.get("array_task_string"))
+    return {
+        "array_job_id": str(int(array_job)),
+        "array_task_id": None if task is None or pending else int(task),
+        "array_pending": pending,
+    }
 
 
 def parse_squeue_json(output: str, *, now: float | None = None) -> list[SlurmJob]:
