@@ -42,7 +42,16 @@ import httpx
 from sqlalchemy import create_engine, text
 
 from gpufleet.core.errors import GpufleetError
-from liveness import BOOTSTRAP_TOKEN, BenchError, parse_args, report, run_simulation, start_server, stop_server
+from liveness import (
+    BOOTSTRAP_TOKEN,
+    BenchError,
+    ProcessCpu,
+    parse_args,
+    report,
+    run_simulation,
+    start_server,
+    stop_server,
+)
 
 PASSWORD = "correct horse battery staple"  # noqa: S105 - a throwaway user on a throwaway head
 JOB = {"argv": ["sleep", "120"], "gpus_per_node": 1, "user": "alice", "project": "bench", "time_limit_s": 600}
@@ -76,6 +85,7 @@ class ApiClients:
     procs: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
     killer: threading.Thread | None = None
     takeover: dict[str, Any] = field(default_factory=dict)
+    cpu: ProcessCpu | None = None  # the head's processes, measured over the window
 
     def _set_up(self, url: str) -> str:
         """A user in a project for the submissions, and a logged-in web session for the dashboard."""
@@ -102,6 +112,8 @@ class ApiClients:
 
     def start(self, url: str, seconds: float) -> None:
         session = self._set_up(url)
+        if self.cpu is not None:
+            self.cpu.start()
         bearer = {"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
         kinds = {
             "nodes": ("/api/v1/nodes", _lua("GET", bearer, None)),
@@ -166,6 +178,8 @@ class ApiClients:
                 for q in ("50%", "99%")
                 if (m := re.search(rf"^\s+{q}\s+(\S+)", text, re.M))
             }
+        if self.cpu is not None:
+            out["cpu_cores_per_process"] = self.cpu.cores()
         if self.killer is not None:
             self.killer.join(timeout=90)
             out["leader_kill"] = self.takeover | self._kept_submissions(out["submit"])
@@ -189,8 +203,8 @@ class ApiClients:
 def load_report(load: dict[str, Any]) -> str:
     lines = ["API clients during the window (wrk):"]
     for kind, row in load.items():
-        if kind == "leader_kill":
-            lines.append(f"  leader kill -9: {row}")
+        if kind in ("leader_kill", "cpu_cores_per_process"):
+            lines.append(f"  {kind.replace('_', ' ')}: {row}")
             continue
         lines.append(
             f"  {kind:<10} {row['clients']:>3} clients {row['per_s']:8.1f}/s  p50 {row.get('p50_ms', 0):8.1f} ms"
@@ -204,6 +218,9 @@ def main() -> int:
         parser.add_argument("--per-kind", type=int, default=4, help="wrk connections per kind of request (4 kinds)")
         parser.add_argument("--database-url", help="PostgreSQL URL of an empty database (default: SQLite)")
         parser.add_argument("--workers", type=int, default=1, help="head processes (several need --database-url)")
+        parser.add_argument(
+            "--agent-port", type=int, help="serve the agents on this port from a channel process of their own"
+        )
         parser.add_argument(
             "--kill-leader-after", type=float, help="SIGKILL the leading head process this many seconds in"
         )
@@ -219,8 +236,9 @@ def main() -> int:
         extra = {"GPUFLEET_WORKERS": str(args.workers)}
         if args.database_url:
             extra["GPUFLEET_DATABASE_URL"] = args.database_url
-        server = start_server(workdir, args.port, extra)
+        server = start_server(workdir, args.port, extra, args.agent_port)
         clients = ApiClients(workdir, args.per_kind, args.kill_leader_after, args.database_url)
+        clients.cpu = ProcessCpu(server.proc.pid, server.agent_url if args.agent_port else None)
         try:
             fig = asyncio.run(run_simulation(args, server, workdir, clients))
         except (BenchError, GpufleetError, httpx.HTTPError) as exc:
@@ -228,6 +246,9 @@ def main() -> int:
             return 2
         finally:
             stop_server(server)
+            if args.json is not None:  # the head's warnings, beside the figures: what went wrong, if anything
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(server.log_path, args.json.with_suffix(".server.log"))
     print(report(fig))
     print(load_report(fig.get("load", {})))
     if args.json is not None:

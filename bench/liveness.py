@@ -98,6 +98,10 @@ class ServerProcess:
     log_path: Path
     url: str
     started_at: float
+    agent_url: str = ""  # where the simulated agents connect: `url`, or a channel process's own address
+
+    def __post_init__(self) -> None:
+        self.agent_url = self.agent_url or self.url
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -133,6 +137,79 @@ def tree_cpu_seconds(proc: psutil.Process) -> float:
     return total
 
 
+@dataclass
+class ProcessCpu:
+    """Cores each of the head's processes used over a window, named by role, and PostgreSQL's.
+
+    `head_pid` is the `gpufleet server` process (with several processes, their supervisor); `agent_url`
+    where a channel process of its own answers (agent_listen), to tell it from the API's processes."""
+
+    head_pid: int
+    agent_url: str | None = None
+    at_start: dict[int, float] = field(default_factory=dict)
+    started: float = 0.0
+
+    def _head(self) -> dict[int, float]:
+        head = psutil.Process(self.head_pid)
+        out = {}
+        for proc in (head, *head.children(recursive=True)):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                out[proc.pid] = cpu_seconds(proc)
+        return out
+
+    @staticmethod
+    def _postgres() -> float:
+        total = 0.0
+        for proc in psutil.process_iter(["name"]):
+            if proc.info["name"] in ("postgres", "postmaster"):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    total += cpu_seconds(proc)
+        return total
+
+    def start(self) -> None:
+        self.at_start = self._head() | {-1: self._postgres()}
+        self.started = time.monotonic()
+
+    def cores(self) -> dict[str, float]:
+        """Per process since `start` (a pid killed meanwhile is left out, a new one not counted)."""
+        wall = time.monotonic() - self.started
+        channel_pid = None
+        if self.agent_url is not None:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                channel_pid = int(httpx.get(self.agent_url + "/healthz", timeout=5).json()["pid"])
+        out = {}
+        for pid, cpu in sorted((self._head() | {-1: self._postgres()}).items()):
+            if pid not in self.at_start:
+                continue
+            if pid == -1:
+                name = "postgresql (all its processes)"
+            elif pid == self.head_pid:
+                name = f"supervisor {pid}"
+            elif pid == channel_pid:
+                name = f"channels {pid}"
+            else:
+                name = f"{_kind(pid, channel_pid is not None)} {pid}"
+            out[name] = round((cpu - self.at_start[pid]) / wall, 3)
+        return out
+
+
+def _kind(pid: int, split: bool) -> str:
+    """A head process that is neither the supervisor nor the channel process: an API process (a full
+    replica when the head is not split), or the resource tracker Python's spawned processes bring along."""
+    with contextlib.suppress(psutil.Error):
+        if "resource_tracker" in " ".join(psutil.Process(pid).cmdline()):
+            return "resource-tracker"
+    return "api" if split else "replica"
+
+
+def set_heartbeat(seconds: float) -> None:
+    """Run at another heartbeat interval (bench/fleet_scale.py): the deadline and the goal scale with it,
+    the goal staying the deadline plus half a second (3 s at 1 s)."""
+    global HEARTBEAT_S, GOAL_P99_S  # noqa: PLW0603 - the run's one setting, read by every phase
+    HEARTBEAT_S = seconds
+    GOAL_P99_S = seconds * DOWN_AFTER_INTERVALS + 0.5
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds every process on the machine has used (all cores), to spot other load during the run."""
     t = psutil.cpu_times()
@@ -158,9 +235,13 @@ def fmt(value: float | None, unit: str = "s", digits: int = 3) -> str:
 
 
 # -- the head node --------------------------------------------------------------------------------
-def start_server(workdir: Path, port: int, extra_env: dict[str, str] | None = None) -> ServerProcess:
-    if not port_free(port):
-        raise BenchError(f"port {port} on 127.0.0.1 is taken; pass --port")
+def start_server(
+    workdir: Path, port: int, extra_env: dict[str, str] | None = None, agent_port: int | None = None
+) -> ServerProcess:
+    """A `gpufleet server` on 127.0.0.1:`port`; with `agent_port`, its agents served apart there (agent_listen)."""
+    for wanted in (port, agent_port):
+        if wanted is not None and not port_free(wanted):
+            raise BenchError(f"port {wanted} on 127.0.0.1 is taken; pass --port")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
     env.update(
         {
@@ -183,11 +264,15 @@ def start_server(workdir: Path, port: int, extra_env: dict[str, str] | None = No
         str(workdir / "head"),
         "--listen",
         f"127.0.0.1:{port}",
+        *(["--agent-listen", f"127.0.0.1:{agent_port}"] if agent_port else []),
     ]
     with log_path.open("wb") as log_file:
         # Own session: a Ctrl-C in the terminal reaches only this script, which then stops the server itself.
         proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    return ServerProcess(proc=proc, log_path=log_path, url=f"http://127.0.0.1:{port}", started_at=time.time())
+    agent_url = f"http://127.0.0.1:{agent_port}" if agent_port else ""
+    return ServerProcess(
+        proc=proc, log_path=log_path, url=f"http://127.0.0.1:{port}", started_at=time.time(), agent_url=agent_url
+    )
 
 
 def wait_healthy(server: ServerProcess, timeout_s: float = 60.0) -> None:
@@ -471,12 +556,13 @@ async def run_simulation(
         join = await asyncio.to_thread(client.create_join_token, 3600, args.nodes)
         sim = Simulation(
             SimOptions(
-                server=server.url,
+                server=server.agent_url,
                 join_token=join["token"],
                 nodes=args.nodes,
                 gpus_per_node=args.gpus_per_node,
                 state_dir=workdir / "sim",
                 heartbeat_interval_s=HEARTBEAT_S,
+                metrics_interval_s=args.metrics_interval,
             )
         )
         sim.build()
@@ -706,6 +792,7 @@ def parse_args(
     parser.add_argument("--kill-every", type=float, default=15.0, help="seconds between kill rounds")
     parser.add_argument("--kill-batch", type=int, default=10, help="nodes killed per round")
     parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--metrics-interval", type=float, default=5.0, help="the agents' metrics interval, s")
     parser.add_argument("--port", type=int, default=18765)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(

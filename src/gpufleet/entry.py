@@ -43,11 +43,15 @@ def server(
     workers: Annotated[
         int | None, typer.Option(help="head processes behind HOST:PORT, on PostgreSQL (env GPUFLEET_WORKERS)")
     ] = None,
+    agent_listen: Annotated[
+        str | None,
+        typer.Option(help="HOST:PORT where a channel process serves the agents (env GPUFLEET_AGENT_LISTEN)"),
+    ] = None,
 ) -> None:
     """Run the head node: API, agent channels, liveness. HTTPS once `gpufleet server init` has run."""
     if ctx.invoked_subcommand is not None:
         return
-    settings = state(ctx).settings(data_dir=data_dir, listen=listen, workers=workers)
+    settings = state(ctx).settings(data_dir=data_dir, listen=listen, workers=workers, agent_listen=agent_listen)
     logs.configure(settings.log_level)
     from gpufleet.api.server import run
 

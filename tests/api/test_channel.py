@@ -110,6 +110,38 @@ def test_a_report_the_head_cannot_record_closes_the_channel_for_a_retry(
     assert said in (closed.value.reason or "")
 
 
+def test_a_report_refused_for_a_moment_is_retried_without_closing_the_channel(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deadlock or a lock held by a process that just died: retried in place, the channel stays open
+    (a closed one costs a reconnect, whose handshake needs the same busy database)."""
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    record_held = ctx.jobs.record_held
+    calls: list[int] = []
+
+    def once_refused(node_id: int, message: object) -> object:
+        calls.append(node_id)
+        if len(calls) == 1:
+            raise Unavailable("database error: deadlock detected")
+        return record_held(node_id, message)
+
+    monkeypatch.setattr(ctx.jobs, "record_held", once_refused)
+    credential = _credential(client, "n1")
+    with client.websocket_connect("/api/v1/agent/channel", headers={"Authorization": f"Bearer {credential}"}) as ws:
+        ws.send_text(json.dumps({"type": "hello", "heartbeat_interval_s": 1.0}))
+        ws.receive_json()
+        ws.send_text(json.dumps({"type": "job_held", "ranks": []}))
+        deadline = time.monotonic() + 5
+        while len(calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(calls) == 2  # refused once, recorded on the second try
+        ws.send_text(json.dumps({"type": "heartbeat", "seq": 9}))
+        while ctx.loops.book.latest[1].seq != 9 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ctx.loops.flush_once()
+        assert ws.receive_json() == {"type": "ack", "seq": 9}  # the channel stayed open throughout
+
+
 def test_heartbeats_are_read_while_a_report_waits_for_the_database(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -46,10 +46,18 @@ class Head:
     proc: subprocess.Popen[bytes] | None = None
     tls: bool = False  # `gpufleet server init` first, then serve HTTPS
     env: dict[str, str] = field(default_factory=dict)  # extra settings, e.g. GPUFLEET_METRICS_INTERVAL_S
+    agent_port: int | None = None  # agents served apart, by a channel process of their own (agent_listen)
 
     @property
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def agent_url(self) -> str:
+        """Where agents connect: the channel process's address, or the one `url`."""
+        return (
+            self.url if self.agent_port is None else f"{'https' if self.tls else 'http'}://127.0.0.1:{self.agent_port}"
+        )
 
     @property
     def ca_file(self) -> Path:
@@ -69,7 +77,15 @@ class Head:
             env["GPUFLEET_DATABASE_URL"] = self.database_url
         log = (self.tmp / f"server-{self.port}.log").open("ab")
         self.proc = subprocess.Popen(
-            [*GPUFLEET, "server", "--data-dir", str(self.tmp / "head"), "--listen", f"127.0.0.1:{self.port}"],
+            [
+                *GPUFLEET,
+                "server",
+                "--data-dir",
+                str(self.tmp / "head"),
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                *(["--agent-listen", f"127.0.0.1:{self.agent_port}"] if self.agent_port else []),
+            ],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

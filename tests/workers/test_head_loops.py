@@ -9,7 +9,7 @@ from gpufleet.core.config import load_settings
 from gpufleet.core.db import transaction
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.schemas import NodeSettings
-from gpufleet.workers.head_loops import HeadLoops
+from gpufleet.workers.head_loops import HeadLoops, Role
 
 TICK = 0.1
 
@@ -66,3 +66,30 @@ def test_a_leader_that_cannot_renew_stops_sweeping(
     assert a.sweep_once() == []
     assert a.lead_once()  # renewed (nobody else took it): judging resumes
     assert [c.name for c in a.sweep_once()] == ["n1"]
+
+
+def test_a_split_head_sweeps_in_its_channel_process_and_leads_in_an_api_process(
+    sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path
+) -> None:
+    settings = load_settings(client_file=tmp_path / "none.toml", data_dir=tmp_path, leader_grace_s=0)
+    channels = HeadLoops(settings=settings, sessions=sessions, clock=clock, holder="c", role=Role.CHANNELS)
+    api = HeadLoops(settings=settings, sessions=sessions, clock=clock, holder="a", role=Role.API)
+    with transaction(sessions) as s:
+        node = inventory.add_nodes(s, clock, ["n1"], NodeSettings())[0]
+    # Each holds its own role's lease: neither stands in the other's way.
+    assert channels.lead_once()
+    assert api.lead_once()
+    assert (channels.leads, api.leads) == (False, True)  # only the API process runs the singleton loops
+    channels.book.record(node.id, clock.now(), 1.0, 1)
+    channels.flush_once()
+    clock.advance(10)  # n1 falls silent
+    channels.lead_once()
+    api.lead_once()
+    assert api.sweep_once() == []  # an API process never judges liveness...
+    assert [c.name for c in channels.sweep_once()] == ["n1"]  # ...the channel process does
+    # A second channel process waits for the first's lease; the API's lease is not its to take.
+    other = HeadLoops(settings=settings, sessions=sessions, clock=clock, holder="c2", role=Role.CHANNELS)
+    assert not other.lead_once()
+    channels.resign()
+    assert other.lead_once()
+    assert not HeadLoops(settings=settings, sessions=sessions, clock=clock, holder="a2", role=Role.API).lead_once()

@@ -87,7 +87,7 @@ from gpufleet.monitoring.tracker import HealthTracker
 from gpufleet.protocol.software import MAX_SOFTWARE_BYTES
 from gpufleet.tasks.runner import TaskRunner
 from gpufleet.workers.asset_loops import AssetLoops
-from gpufleet.workers.head_loops import HeadLoops
+from gpufleet.workers.head_loops import HeadLoops, Role
 from gpufleet.workers.job_loops import JobLoops
 from gpufleet.workers.monitoring_loops import MonitoringLoops
 
@@ -194,8 +194,10 @@ def create_app(
     clock: Clock | None = None,
     *,
     run_loops: bool = True,
+    role: Role = Role.ALL,
 ) -> FastAPI:
-    """Build the head node's app. With `run_loops`, the lifespan runs the background loops."""
+    """Build the head node's app. With `run_loops`, the lifespan runs the background loops; `role` says
+    which of them this process runs (head_loops.Role)."""
     clock = clock or SystemClock()
     hub = ChannelHub()
     workload, slurm = build_workload(settings, sessions, clock)
@@ -211,7 +213,7 @@ def create_app(
         sessions=sessions,
         clock=clock,
         judge=judge,
-        is_leader=lambda: loops.is_leader,
+        is_leader=lambda: loops.leads,
         on_alerts=notifications.submit,
         retention=Retention(
             settings.metrics_raw_retention_s, settings.metrics_rollup_retention_s, settings.log_retention_s
@@ -233,6 +235,7 @@ def create_app(
         clock=clock,
         on_durable=hub.acknowledge,
         on_changes=monitoring.liveness_changed,
+        role=role,
     )
     jobs = JobLoops(
         settings=settings,
@@ -240,7 +243,7 @@ def create_app(
         clock=clock,
         # Only inside the lease's validity, as the sweep: a stalled old leader must not schedule
         # alongside a new one.
-        is_leader=lambda: loops.is_leader and clock.now() < loops.lease_valid_until,
+        is_leader=lambda: loops.leads and clock.now() < loops.lease_valid_until,
         nodes_here=hub.node_ids,
         send=hub.send_threadsafe,
         slurm=slurm,
@@ -249,7 +252,7 @@ def create_app(
     assets = AssetLoops(
         sessions=sessions,
         clock=clock,
-        is_leader=lambda: loops.is_leader,
+        is_leader=lambda: loops.leads,
         on_alerts=notifications.submit,
         interval_s=settings.cve_evaluate_interval_s,
     )
@@ -337,6 +340,7 @@ def create_app(
             {
                 "status": "ok",
                 "version": __version__,
+                "role": str(role),
                 "leader": loops.is_leader,
                 "channels": len(hub),
                 "pid": os.getpid(),

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+from anyio import CapacityLimiter
 from starlette.websockets import WebSocket
 
 from gpufleet.core.errors import Conflict
@@ -18,6 +19,10 @@ from gpufleet.protocol.messages import CLOSE_REPLACED, Ack, FaultResult
 from gpufleet.protocol.metrics import FaultCommand
 
 OUTBOX_LIMIT = 64
+# Threads recording the channels' reports (job updates, held ranks, cache), apart from the request threads:
+# however many reports wait on a slow database, an agent's reconnect (its credential checked on a request
+# thread) never queues behind them.
+REPORT_THREADS = 2
 
 
 @dataclass(eq=False)
@@ -53,9 +58,11 @@ class ChannelHub:
         self._channels: dict[int, Channel] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._commands: dict[int, asyncio.Future[FaultResult]] = {}
+        self.report_threads: CapacityLimiter | None = None  # set by `bind`, in the serving loop
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self.report_threads = CapacityLimiter(REPORT_THREADS)
 
     def __len__(self) -> int:
         return len(self._channels)

@@ -5,6 +5,11 @@ parent migrates, installs the admin token and binds the socket, then uvicorn's s
 processes and starts a new one when one dies. Each is a full head replica: the kernel spreads the agents'
 channels and the API's connections over them, each flushes its own nodes' heartbeats, and the
 leadership lease lets exactly one run the singleton loops (the sweep, the scheduler, the roll-ups).
+
+With `agent_listen` the time-critical path gets a process of its own: one channel process serves the
+agents on that address (their channels, heartbeat flush, the sweep, health verdicts) and `workers` API
+processes serve `listen`, all on the one database (SQLite too, with one API process), so API load
+never delays a heartbeat (head_loops.Role).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
+import socket
 import ssl
 from typing import Any
 
@@ -20,7 +27,9 @@ from fastapi import FastAPI
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors import Multiprocess
+from uvicorn.supervisors.multiprocess import Process
 
 from gpufleet.api.app import create_app
 from gpufleet.auth import service as auth
@@ -31,8 +40,10 @@ from gpufleet.core.db import make_engine, make_session_factory, transaction
 from gpufleet.core.errors import ConfigError, Unavailable
 from gpufleet.migrations import upgrade
 from gpufleet.protocol.messages import MAX_CHANNEL_MESSAGE_BYTES
+from gpufleet.workers.head_loops import Role
 
 log = logging.getLogger(__name__)
+API_NICENESS = 10  # added to the API processes' nice value where a channel process serves the agents
 
 
 def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
@@ -43,12 +54,14 @@ def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
 
 
 def _set_up(settings: Settings) -> tuple[sessionmaker[Session], str | None]:
-    """Check the address, migrate the database, install the admin token. Returns the sessions and, on
+    """Check the addresses, migrate the database, install the admin token. Returns the sessions and, on
     first start, the token."""
-    host, port = settings.listen_host_port()
     served_tls = settings.effective_tls()
     scheme = "https" if served_tls else "http"
-    tls.check_plain_http(f"{scheme}://{_url_host(host)}:{port}", settings.insecure_http)
+    for address in (settings.listen, settings.agent_listen):
+        if address is not None:
+            host, port = settings.listen_host_port(address)
+            tls.check_plain_http(f"{scheme}://{_url_host(host)}:{port}", settings.insecure_http)
     try:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -65,9 +78,10 @@ def _set_up(settings: Settings) -> tuple[sessionmaker[Session], str | None]:
     return sessions, new_token
 
 
-def _config(settings: Settings, app: Any, workers: int = 1) -> uvicorn.Config:
-    """uvicorn's configuration for `app` (an app, or with `workers` a picklable factory of one)."""
-    host, port = settings.listen_host_port()
+def _config(settings: Settings, app: Any, workers: int = 1, address: str | None = None) -> uvicorn.Config:
+    """uvicorn's configuration for serving `app` on `address` (default `listen`): an app, or where
+    several processes serve (`workers` > 1 or a split head) a picklable factory of one."""
+    host, port = settings.listen_host_port(address)
     served_tls = settings.effective_tls()
     certfile: str | None = None
     keyfile: str | None = None
@@ -94,34 +108,100 @@ def _config(settings: Settings, app: Any, workers: int = 1) -> uvicorn.Config:
         ssl_certfile=certfile,
         ssl_keyfile=keyfile,
         workers=workers,
-        factory=workers > 1,
+        factory=not isinstance(app, FastAPI),
     )
 
 
-def worker_app(settings: Settings) -> FastAPI:
-    """One of `workers` head processes (called in the process, by uvicorn): the app over the database
+def worker_app(settings: Settings, role: Role = Role.ALL) -> FastAPI:
+    """One of several head processes (called in the process, by uvicorn): the app over the database
     the parent migrated. A spawned process starts with no logging set up: it gets the parent's."""
     logs.configure(settings.log_level)
-    app = create_app(settings, make_session_factory(make_engine(settings.effective_database_url)), SystemClock())
+    if role is Role.API:
+        # The kernel, not the API's load, decides how much CPU the channel process gets: with the API's
+        # processes niced, a heartbeat never waits behind a page or a list (measured: docs/benchmarks.md).
+        os.nice(API_NICENESS)
+    sessions = make_session_factory(make_engine(settings.effective_database_url))
+    app = create_app(settings, sessions, SystemClock(), role=role)
     gc_tuning.tune_for_long_running()
     return app
 
 
-def _run_workers(settings: Settings, announce: bool) -> None:
-    """`settings.workers` head processes behind one socket, restarted when one dies. Raises ConfigError on
-    SQLite: it takes one writer at a time, and one head process is what the embedded mode is for."""
-    if make_url(settings.effective_database_url).get_backend_name() != "postgresql":
+class _Supervisor(Multiprocess):
+    """uvicorn's supervisor over processes of different kinds: each slot is a configuration and its
+    sockets, and a process that dies is replaced by a new one of its slot."""
+
+    def __init__(self, slots: list[tuple[uvicorn.Config, list[socket.socket]]]) -> None:
+        super().__init__(slots[0][0], [s for _, sockets in slots for s in sockets])
+        self.slots = slots
+        self.processes_num = len(slots)
+
+    def init_processes(self) -> None:
+        for config, sockets in self.slots:
+            process = Process(config, sockets)
+            process.start()
+            self.processes.append(process)
+
+    def keep_subprocess_alive(self) -> None:
+        for index, process in enumerate(self.processes):
+            if self.should_exit.is_set():
+                return
+            config, sockets = self.slots[index]
+            if process.is_alive(timeout=config.timeout_worker_healthcheck):
+                continue
+            process.kill()  # hung, or already gone
+            process.join()
+            if process.exitcode == STARTUP_FAILURE:  # it would fail the same way again
+                log.error("head process %s failed to start; stopping", process.pid)
+                self.should_exit.set()
+                return
+            log.warning("head process %s died; starting another", process.pid)
+            self.processes[index] = Process(config, sockets)
+            self.processes[index].start()
+
+    def restart_all(self) -> None:
+        """SIGHUP: replace every process with a new one of its slot, one after the other."""
+        for index, old in enumerate(self.processes):
+            if self.should_exit.is_set():
+                return
+            config, sockets = self.slots[index]
+            new = Process(config, sockets)
+            new.start()
+            if not new.wait_until_ready(config.timeout_worker_healthcheck, self.should_exit):
+                new.kill()
+                new.join()
+                return
+            old.terminate()
+            old.join()
+            self.processes[index] = new
+
+
+def _run_processes(settings: Settings, announce: bool) -> None:
+    """Several head processes, each restarted when it dies: `workers` replicas behind `listen`, or with
+    `agent_listen` one channel process there and `workers` API processes behind `listen`. Raises
+    ConfigError where SQLite would have several writers' worth of processes."""
+    split = settings.agent_listen is not None
+    if settings.workers > 1 and make_url(settings.effective_database_url).get_backend_name() != "postgresql":
         raise ConfigError(
             f"workers = {settings.workers} needs PostgreSQL (database_url): SQLite serves one head process"
+            + (" (and, with agent_listen, its channel process)" if split else "")
         )
+    if split and settings.agent_listen == settings.listen:
+        raise ConfigError("agent_listen must be another address than listen")
     sessions, token = _set_up(settings)
     sessions.kw["bind"].dispose()  # the processes open their own connections
     if token is not None and announce:
         print(f"Admin token (shown once, store it now): {token}", flush=True)
     # The settings travel to each process pickled, as the plain `Settings` (load_settings' is a local class).
     plain = Settings.model_construct(_fields_set=settings.model_fields_set, **dict(settings))
-    config = _config(settings, functools.partial(worker_app, plain), settings.workers)
-    Multiprocess(config, sockets=[config.bind_socket()]).run()
+    if not split:
+        config = _config(settings, functools.partial(worker_app, plain), settings.workers)
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
+        return
+    channels = _config(settings, functools.partial(worker_app, plain, Role.CHANNELS), address=settings.agent_listen)
+    api = _config(settings, functools.partial(worker_app, plain, Role.API))
+    api_socket = api.bind_socket()
+    slots = [(channels, [channels.bind_socket()])] + [(api, [api_socket])] * settings.workers
+    _Supervisor(slots).run()
 
 
 def _url_host(host: str) -> str:
@@ -129,8 +209,8 @@ def _url_host(host: str) -> str:
 
 
 def run(settings: Settings, announce: bool = True) -> None:
-    if settings.workers > 1:
-        _run_workers(settings, announce)
+    if settings.workers > 1 or settings.agent_listen is not None:
+        _run_processes(settings, announce)
         return
     server, token = prepare(settings)
     if token is not None and announce:

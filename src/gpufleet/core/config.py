@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     workers: int = Field(
         1, ge=1, le=64, description="head processes serving the listen address together (several need PostgreSQL)"
     )
+    agent_listen: str | None = Field(
+        None,
+        description="HOST:PORT where a channel process of its own serves the agents (their server URL), apart"
+        " from the API's processes on listen; unset: agents and API share listen",
+    )
     metrics_interval_s: float = Field(
         5.0, ge=0.1, le=3600, description="how often agents sample metrics (the head judges staleness by it)"
     )
@@ -282,9 +287,9 @@ class Settings(BaseSettings):
             raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:8080")
         return value
 
-    @field_validator("agent_metrics_listen")
+    @field_validator("agent_metrics_listen", "agent_listen")
     @classmethod
-    def _check_agent_metrics_listen(cls, value: str | None) -> str | None:
+    def _check_optional_listen(cls, value: str | None) -> str | None:
         return None if value is None else cls._check_listen(value)
 
     @field_validator("log_level")
@@ -363,8 +368,9 @@ class Settings(BaseSettings):
             return made / "server.pem", made / "server.key", ca if ca.exists() else None
         return None
 
-    def listen_host_port(self) -> tuple[str, int]:
-        host, _, port = self.listen.rpartition(":")
+    def listen_host_port(self, address: str | None = None) -> tuple[str, int]:
+        """`listen` (or another HOST:PORT setting's value) split for binding."""
+        host, _, port = (address or self.listen).rpartition(":")
         return host.strip("[]"), int(port)
 
     def shown(self) -> dict[str, Any]:

@@ -2,6 +2,12 @@
 
 Every replica flushes the heartbeat receipts it holds; only the lease holder sweeps for silent
 nodes. Database work runs in threads so the event loop keeps serving agent channels.
+
+A head process has a role. `ALL` does everything (the embedded head, and each of `workers` replicas):
+one lease picks the process that sweeps and runs the other singleton loops. With `agent_listen` the
+work splits: a `CHANNELS` process serves the agents and sweeps under a lease of its own, and `API`
+processes serve people and scripts and run the other singleton loops (scheduler, roll-ups, CVE
+evaluation) under the leader lease, so a saturated API never delays a heartbeat's receipt.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TypeVar
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -37,12 +44,32 @@ from gpufleet.inventory.liveness import (
 
 log = logging.getLogger(__name__)
 LEADER_LEASE = "head-leader"
+LIVENESS_LEASE = "head-liveness"  # the sweep's own lease, where a channel process holds it (role CHANNELS)
 # How stale the leader's view of `up` nodes may be: it bounds how late a node that another replica just
 # brought up starts being judged, and overdue nodes are re-read from the database before any change.
 VIEW_REFRESH_S = 1.0
 
 OnDurable = Callable[[dict[int, Receipt]], None]
 T = TypeVar("T")
+
+
+class Role(StrEnum):
+    ALL = "all"
+    CHANNELS = "channels"  # agents' channels, heartbeat flush, the sweep, health verdicts; no singleton loops
+    API = "api"  # API calls and pages, the singleton loops; no channels, no sweep
+
+    @property
+    def lease(self) -> str:
+        return LIVENESS_LEASE if self is Role.CHANNELS else LEADER_LEASE
+
+    @property
+    def sweeps(self) -> bool:
+        return self is not Role.API
+
+    @property
+    def runs_singletons(self) -> bool:
+        """Whether this process may run the scheduler, roll-ups and the other leader-only loops."""
+        return self is not Role.CHANNELS
 
 
 def replica_id() -> str:
@@ -56,6 +83,7 @@ class HeadLoops:
     clock: Clock
     book: HeartbeatBook = field(default_factory=HeartbeatBook)
     holder: str = field(default_factory=replica_id)
+    role: Role = Role.ALL
     on_durable: OnDurable = lambda _receipts: None
     on_changes: Callable[[list[Change]], None] = lambda _changes: None  # state changes, for alerts
     leader_since: float | None = None
@@ -65,7 +93,13 @@ class HeadLoops:
 
     @property
     def is_leader(self) -> bool:
+        """Whether this process holds its role's lease (a CHANNELS process: the sweep's)."""
         return self.leader_since is not None
+
+    @property
+    def leads(self) -> bool:
+        """Whether this process runs the singleton loops: it holds the leader lease."""
+        return self.is_leader and self.role.runs_singletons
 
     # -- one pass of each loop (also what tests call) ---------------------------------------------
     def flush_once(self) -> list[Change]:
@@ -85,7 +119,7 @@ class HeadLoops:
         attempt_at = self.clock.now()
         try:
             with transaction(self.sessions) as session:
-                held = try_acquire(session, LEADER_LEASE, self.holder, attempt_at, self.settings.lease_ttl_s)
+                held = try_acquire(session, self.role.lease, self.holder, attempt_at, self.settings.lease_ttl_s)
         except Exception:
             held = False  # cannot renew: behave as a follower until the database answers again
             self._set_leader(held)
@@ -106,7 +140,7 @@ class HeadLoops:
 
     def sweep_once(self) -> list[Change]:
         now = self.clock.now()
-        if self.leader_since is None or now >= self.lease_valid_until:
+        if not self.role.sweeps or self.leader_since is None or now >= self.lease_valid_until:
             self.view = None
             return []
         rules = Deadlines(
@@ -129,7 +163,7 @@ class HeadLoops:
         if self.leader_since is None:
             return
         with transaction(self.sessions) as session:
-            release(session, LEADER_LEASE, self.holder)
+            release(session, self.role.lease, self.holder)
         self.leader_since = None
 
     # -- the loops --------------------------------------------------------------------------------

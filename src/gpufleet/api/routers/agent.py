@@ -22,7 +22,15 @@ from gpufleet.auth.models import TokenKind
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.core.db import transaction
-from gpufleet.core.errors import GpufleetError, InvalidInput, NotFound, PayloadTooLarge, Unauthorized, describe
+from gpufleet.core.errors import (
+    GpufleetError,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+    Unavailable,
+    describe,
+)
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
 from gpufleet.protocol.accounts import AccountList
@@ -54,6 +62,8 @@ router = APIRouter(prefix="/agent", tags=["agent"])
 HELLO_TIMEOUT_S = 10.0
 # Reports a channel may have waiting for the database; an agent further ahead is asked to reconnect.
 REPORTS_LIMIT = 256
+RECORD_TRIES = 3  # attempts at a report the database refused for a moment, RECORD_RETRY_S, then twice that apart
+RECORD_RETRY_S = 0.2
 Report = JobOutput | JobUpdate | JobHeld | NodeCache  # what a node sends about its jobs and its cache
 Reports = asyncio.Queue[JobUpdate | JobHeld | NodeCache]
 
@@ -243,12 +253,22 @@ def _take(ctx: Ctx, chan: Channel, message: Report, reports: Reports) -> bool:
 
 
 async def _record_forever(ctx: Ctx, chan: Channel, reports: Reports) -> None:
-    """Record a channel's reports one at a time, in the order they came. A report the head could not
-    record (the database stayed locked) closes the channel, so the agent reconnects and sends it again."""
+    """Record a channel's reports one at a time, in the order they came. A report the database refused for
+    a moment (a deadlock, a lock held by a process that just died) is tried again in place: closing the
+    channel would cost a reconnect, whose handshake needs the same database, and a thousand of those at
+    once starve the heartbeats. One still unrecorded after RECORD_TRIES closes the channel, so the agent
+    reconnects and sends it again."""
     while True:
         message = await reports.get()
         try:
-            await _record(ctx, chan, message)
+            for attempt in range(RECORD_TRIES):
+                try:
+                    await _record(ctx, chan, message)
+                    break
+                except Unavailable:
+                    if attempt == RECORD_TRIES - 1:
+                        raise
+                    await asyncio.sleep(RECORD_RETRY_S * 2**attempt)
         except GpufleetError as exc:
             log.warning("node %s: closing its channel: %s", chan.name, exc)
             chan.close(CLOSE_TRY_AGAIN, f"head busy, reconnect: {exc}"[:120])
@@ -260,15 +280,16 @@ async def _record_forever(ctx: Ctx, chan: Channel, reports: Reports) -> None:
 
 
 async def _record(ctx: Ctx, chan: Channel, message: JobUpdate | JobHeld | NodeCache) -> None:
+    threads = ctx.hub.report_threads
     if isinstance(message, NodeCache):
-        await to_thread.run_sync(ctx.jobs.record_cache, chan.node_id, message)
+        await to_thread.run_sync(ctx.jobs.record_cache, chan.node_id, message, limiter=threads)
     elif isinstance(message, JobUpdate):
         # Acknowledged once durable, so the agent forgets a rank's end only when the head has it.
-        await to_thread.run_sync(ctx.jobs.record_update, chan.node_id, message)
+        await to_thread.run_sync(ctx.jobs.record_update, chan.node_id, message, limiter=threads)
         if message.state == "exited":
             chan.send(JobAck(job_id=message.job_id, run=message.run, rank=message.rank).model_dump_json())
     else:
-        for stray in await to_thread.run_sync(ctx.jobs.record_held, chan.node_id, message):
+        for stray in await to_thread.run_sync(ctx.jobs.record_held, chan.node_id, message, limiter=threads):
             stop = JobCancel(job_id=stray.job_id, run=stray.run, rank=stray.rank, reason="not a live rank of this node")
             chan.send(stop.model_dump_json())
 
