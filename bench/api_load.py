@@ -236,7 +236,11 @@ def main() -> int:
         extra = {"GPUFLEET_WORKERS": str(args.workers)}
         if args.database_url:
             extra["GPUFLEET_DATABASE_URL"] = args.database_url
-        server = start_server(workdir, args.port, extra, args.agent_port)
+        try:
+            server = start_server(workdir, args.port, extra, args.agent_port)
+        except BenchError as exc:
+            print(f"benchmark failed: {exc}", file=sys.stderr)
+            return 2
         clients = ApiClients(workdir, args.per_kind, args.kill_leader_after, args.database_url)
         clients.cpu = ProcessCpu(server.proc.pid, server.agent_url if args.agent_port else None)
         try:

@@ -188,17 +188,21 @@ class ProcessCpu:
             elif pid == channel_pid:
                 name = f"channels {pid}"
             else:
-                name = f"{_kind(pid, channel_pid is not None)} {pid}"
+                name = f"{_kind(pid, self.head_pid, channel_pid is not None)} {pid}"
             out[name] = round((cpu - self.at_start[pid]) / wall, 3)
         return out
 
 
-def _kind(pid: int, split: bool) -> str:
+def _kind(pid: int, supervisor: int, split: bool) -> str:
     """A head process that is neither the supervisor nor the channel process: an API process (a full
-    replica when the head is not split), or the resource tracker Python's spawned processes bring along."""
+    replica when the head is not split), a worker one of them started (the roll-ups' aggregation), or
+    the resource tracker Python's spawned processes bring along."""
     with contextlib.suppress(psutil.Error):
-        if "resource_tracker" in " ".join(psutil.Process(pid).cmdline()):
+        proc = psutil.Process(pid)
+        if "resource_tracker" in " ".join(proc.cmdline()):
             return "resource-tracker"
+        if proc.ppid() != supervisor:
+            return f"worker of {proc.ppid()}"
     return "api" if split else "replica"
 
 
@@ -343,14 +347,15 @@ def stop_server(server: ServerProcess) -> None:
         server.proc.wait(timeout=10)
 
 
-def wait_for_leader(server: ServerProcess, client: HeadClient, timeout_s: float = 60.0) -> float:
-    """Wait until /healthz answers and this head holds the leader lease. Returns when that was first seen."""
+def wait_for_leader(server: ServerProcess, timeout_s: float = 60.0) -> float:
+    """Wait until /healthz answers from a process that holds the leader lease. Returns when that was first
+    seen. A new connection each time: with several head processes a kept-alive one asks the same one."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
             raise BenchError(f"the server exited with {server.proc.returncode}:\n{server.log_tail()}")
-        with contextlib.suppress(GpufleetError):
-            if client.health().get("leader"):
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            if httpx.get(server.url + "/healthz", timeout=2).json().get("leader"):
                 return time.time()
         time.sleep(0.1)
     raise BenchError(f"the server did not become healthy and leader in {timeout_s:.0f}s:\n{server.log_tail()}")
@@ -552,7 +557,7 @@ async def run_simulation(
 ) -> dict[str, Any]:
     client = HeadClient(server.url, BOOTSTRAP_TOKEN)
     try:
-        leader_at = await asyncio.to_thread(wait_for_leader, server, client)
+        leader_at = await asyncio.to_thread(wait_for_leader, server)
         join = await asyncio.to_thread(client.create_join_token, 3600, args.nodes)
         sim = Simulation(
             SimOptions(
