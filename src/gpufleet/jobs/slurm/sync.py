@@ -17,7 +17,8 @@ slurmctld is slow); the pass writes what they said in one short transaction at t
 4. Slurm's node states are mirrored onto the node rows (`wlm_state`), and so are its drains: a drain
    set in Slurm by a person shows as drained by "slurm:<user>" (and so is never resumed by gpufleet), a
    drain lifted in Slurm is lifted on the row. A drain or resume made through gpufleet during the pass
-   wins (the manager's `changes` counter), so a stale read never undoes it.
+   wins (the manager's `changes` counter), so a stale read never undoes it (`node_mirror`; how Slurm's
+   word lands on a job's row is `job_rows`).
 5. Jobs cancelled in gpufleet that Slurm still runs or queues are `scancel`led.
 
 Job arrays: an array's tasks still waiting to go to Slurm go as one `sbatch --array` (one submission of
@@ -47,21 +48,20 @@ from sqlalchemy import func, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.auth.projects import Project
-from gpufleet.core.clock import Clock, to_datetime
+from gpufleet.core.clock import Clock
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import GpufleetError, InvalidInput, Unavailable
-from gpufleet.inventory.models import Node
 from gpufleet.jobs import lifecycle
 from gpufleet.jobs.models import FINAL_STATES, Job, JobState
+from gpufleet.jobs.slurm import job_rows, node_mirror
 from gpufleet.jobs.slurm.batch import BatchOptions, job_environment, render_script, sbatch_argv
 from gpufleet.jobs.slurm.history import parse_sacct_end
-from gpufleet.jobs.slurm.manager import FOREIGN_ACTOR_PREFIX, SlurmWorkloadManager
-from gpufleet.jobs.slurm.nodes import SlurmNode
+from gpufleet.jobs.slurm.job_rows import BACKEND, SUBMITTED_BY_SLURM
+from gpufleet.jobs.slurm.manager import SlurmWorkloadManager
+from gpufleet.jobs.slurm.node_mirror import NodeRow
 from gpufleet.jobs.slurm.queue import SQUEUE_JSON, SlurmJob, parse_squeue_json, split_task_name, task_name
 
 log = logging.getLogger(__name__)
-BACKEND = "slurm"
-SUBMITTED_BY_SLURM = "slurm"  # submitted_by of jobs submitted to Slurm directly
 MAX_SUBMITS_PER_PASS = 200  # sbatch runs (a job, or a whole array): a burst spreads over passes
 CHUNK = 900  # ids or names per IN (...): under every SQLite build's bound-parameter limit
 IDS_PER_COMMAND = 100  # jobs per sacct or scancel: one call for many tasks, a short command line
@@ -147,24 +147,12 @@ class _Task:
 
 
 @dataclass(frozen=True)
-class _NodeRow:
-    COLUMNS: ClassVar = (Node.id, Node.name, Node.wlm_state, Node.drained_at, Node.drain_reason, Node.drained_by)
-
-    id: int
-    name: str
-    wlm_state: str | None
-    drained_at: datetime | None
-    drain_reason: str | None
-    drained_by: str | None
-
-
-@dataclass(frozen=True)
 class _Seen:
     rows: dict[str, list[_Row]]  # by Slurm id, for the jobs Slurm lists
     unstarted: dict[str, list[_Task]]  # by Slurm array job id: gpufleet's rows of its unstarted tasks
     vanished: list[str]  # Slurm ids of active rows Slurm no longer lists
     cancelled_active: list[str]  # Slurm ids cancelled in gpufleet that Slurm still runs or queues
-    nodes: list[_NodeRow]
+    nodes: list[NodeRow]
     projects: set[str]
 
 
@@ -213,16 +201,16 @@ class SlurmSync:
         seen = self._read(queue)
         plan = _plan_jobs(queue, seen, result)
         gone = self._accounted_ends(seen.vanished)
-        node_updates = _mirror(seen.nodes, nodes, self.clock.now())
+        node_updates = node_mirror.mirror(seen.nodes, nodes, self.clock.now())
         if result.submitted or result.refused or plan or gone or node_updates:
             with transaction(self.sessions) as session:
                 self._record_submissions(session, result)
                 result.updated = self._update_jobs(session, plan.updates) + _wait(session, plan.waiting)
                 for slurm in plan.imports:
-                    session.add(_imported(slurm, seen.projects, self.clock.now()))
+                    session.add(job_rows.imported(slurm, seen.projects, self.clock.now()))
                 result.imported = len(plan.imports)
                 self._end_vanished(session, gone)
-                result.nodes = self._write_nodes(session, node_updates, same_drains=self.manager.changes == changes)
+                result.nodes = node_mirror.write(session, node_updates, same_drains=self.manager.changes == changes)
         self._scancel(seen.cancelled_active, result)
         return result
 
@@ -251,7 +239,7 @@ class SlurmSync:
                     Job.backend == BACKEND, Job.external_id.is_not(None), Job.state.not_in(FINAL_STATES)
                 )
             ).all()
-            node_rows = [_NodeRow(*row) for row in session.execute(select(*_NodeRow.COLUMNS))]
+            node_rows = [NodeRow(*row) for row in session.execute(select(*NodeRow.COLUMNS))]
             projects = set(session.scalars(select(Project.name)))
         by_id: dict[str, list[_Row]] = {}
         for row in rows:
@@ -379,7 +367,7 @@ class SlurmSync:
             for job_id, slurm in chunk:
                 row = jobs.get(job_id)
                 if row is not None and row.state not in FINAL_STATES:
-                    _apply(session, self.clock, row, slurm)
+                    job_rows.apply(session, self.clock, row, slurm)
                     applied += 1
             session.flush()
         return applied
@@ -396,16 +384,6 @@ class SlurmSync:
                 lifecycle.finish(session, self.clock, job, state, reason, code)
                 if ended is not None:
                     job.ended_at = ended
-
-    def _write_nodes(self, session: Session, updates: list[dict[str, Any]], *, same_drains: bool) -> int:
-        """Each changed node row by its primary key. A drain or resume made through gpufleet while Slurm was
-        being read wins: the drain columns are then left for the next pass."""
-        if not same_drains:
-            updates = [{k: v for k, v in u.items() if k in ("id", "wlm_state")} for u in updates]
-            updates = [u for u in updates if len(u) > 1]
-        if updates:
-            session.execute(update(Node), updates)
-        return len(updates)
 
 
 def _not_before(slurm_time: datetime | None, row_time: datetime) -> bool:
@@ -524,7 +502,7 @@ def _plan_unstarted(rest: SlurmJob, tasks: list[_Task], plan: _Plan) -> None:
     if rest.state in FINAL_STATES:
         plan.updates.extend((t.id, rest) for t in pending)
         return
-    reason = _reason(rest)[:512]
+    reason = job_rows.reason(rest)[:512]
     changed = [t.id for t in pending if t.reason != reason]
     if changed:
         plan.waiting.setdefault(reason, []).extend(changed)
@@ -578,94 +556,8 @@ def _accounted_end(out: str, slurm_id: str, detail: str) -> _End:
 
 
 def _differs(row: _Row, slurm: SlurmJob) -> bool:
-    if slurm.state in FINAL_STATES or (row.state, row.reason) != (slurm.state, _reason(slurm)[:512]):
+    if slurm.state in FINAL_STATES or (row.state, row.reason) != (slurm.state, job_rows.reason(slurm)[:512]):
         return True
     if slurm.started_at is not None and row.started_at != slurm.started_at:
         return True
-    return _allocation(row.allocation, slurm) != row.allocation
-
-
-def _allocation(current: dict[str, list[int]] | None, slurm: SlurmJob) -> dict[str, list[int]] | None:
-    """Slurm lists a job's GPU indexes only while it runs: an ended job keeps those seen then."""
-    if slurm.state != JobState.PENDING and slurm.nodes and (slurm.gpus or current is None):
-        return {node: slurm.gpus.get(node, []) for node in slurm.nodes}
-    return current
-
-
-def _mirror(rows: list[_NodeRow], nodes: list[SlurmNode], now: float) -> list[dict[str, Any]]:
-    """The node rows' changes that make them say what Slurm says: its word for each node (None for a
-    node Slurm does not have) and its drains, Slurm being the truth."""
-    by_name = {n.name: n for n in nodes}
-    updates: list[dict[str, Any]] = []
-    for row in rows:
-        slurm = by_name.get(row.name)
-        change: dict[str, Any] = {}
-        state = slurm.display_state[:32] if slurm else None
-        if row.wlm_state != state:
-            change["wlm_state"] = state
-        if slurm is not None:
-            held = slurm.drain or (slurm.state == "down" and slurm.reason is not None)
-            if held and slurm.reason and row.drain_reason != slurm.reason[:512]:
-                change["drained_at"] = to_datetime(slurm.reason_at.timestamp() if slurm.reason_at else now)
-                change["drain_reason"] = slurm.reason[:512]
-                change["drained_by"] = (
-                    "gpufleet" if slurm.own_drain else f"{FOREIGN_ACTOR_PREFIX}{slurm.reason_user or 'unknown'}"
-                )[:128]
-            elif not held and row.drained_at is not None:
-                change.update(drained_at=None, drain_reason=None, drained_by=None)
-        if change:
-            updates.append({"id": row.id, **change})
-    return updates
-
-
-def _reason(slurm: SlurmJob) -> str:
-    if slurm.state == JobState.PENDING:
-        return f"Slurm: {slurm.reason or 'pending'}"
-    if slurm.state == JobState.RUNNING:
-        return f"running in Slurm as job {slurm.slurm_name}" + (
-            f" ({slurm.slurm_state.lower()})" if slurm.slurm_state != "RUNNING" else ""
-        )
-    return f"Slurm: {slurm.slurm_state.lower()}" + (f" ({slurm.reason})" if slurm.reason else "")
-
-
-def _apply(session: Session, clock: Clock, row: Job, slurm: SlurmJob) -> None:
-    if slurm.partition:
-        row.partition = slurm.partition[:64]
-    if slurm.started_at is not None:
-        row.started_at = slurm.started_at
-    row.allocation = _allocation(row.allocation, slurm)
-    if slurm.state in FINAL_STATES:
-        lifecycle.finish(session, clock, row, slurm.state, _reason(slurm), slurm.exit_code)
-        if slurm.ended_at is not None:
-            row.ended_at = slurm.ended_at
-        if row.started_at is not None and row.ended_at is not None:
-            held = max(0.0, (row.ended_at - row.started_at).total_seconds())
-            row.gpu_seconds = held * row.nodes * row.gpus_per_node
-        return
-    row.state = slurm.state
-    row.reason = _reason(slurm)[:512]
-
-
-def _imported(slurm: SlurmJob, projects: set[str], now: float) -> Job:
-    """A row for a job submitted to Slurm directly."""
-    return Job(
-        name=slurm.name[:128],
-        user=slurm.user[:32],
-        project=slurm.account if slurm.account in projects else None,
-        submitted_by=SUBMITTED_BY_SLURM,
-        state=slurm.state,
-        reason=_reason(slurm)[:512],
-        nodes=max(slurm.node_count, 1),
-        gpus_per_node=slurm.gpus_per_node,
-        time_limit_s=slurm.time_limit_s or 0.0,
-        argv=[],
-        env={},
-        backend=BACKEND,
-        external_id=slurm.slurm_name,
-        partition=(slurm.partition or "")[:64] or None,
-        submitted_at=slurm.submitted_at or to_datetime(now),
-        started_at=slurm.started_at,
-        ended_at=slurm.ended_at or (to_datetime(now) if slurm.state in FINAL_STATES else None),
-        exit_code=slurm.exit_code,
-        allocation={node: slurm.gpus.get(node, []) for node in slurm.nodes} if slurm.nodes else None,
-    )
+    return job_rows.allocation(row.allocation, slurm) != row.allocation
