@@ -47,6 +47,13 @@ def sync(
     queue emptied and the node undrained before and after."""
     clock = SystemClock()
     commands.run(["scancel", "--full", "--user=nobody"])
+    # A cancelled job holds the node's CPUs while it completes (long on a busy machine): a test starting then
+    # saw its own job pend past its wait. Start from a node nobody's jobs have left.
+    wait_until(
+        "Slurm to finish cancelling nobody's jobs",
+        lambda: not commands.run(["squeue", "-h", "--user=nobody", "--states=PD,R,CG,CF,S"]).strip(),
+        60,
+    )
     _undrain(commands, slurm_cluster.node)
     with transaction(sessions) as s:
         (node,) = inventory.add_nodes(s, clock, [slurm_cluster.node], NodeSettings())
