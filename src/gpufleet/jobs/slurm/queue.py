@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import hostlist
-
+from gpufleet.core import hostlist
 from gpufleet.core.errors import InvalidInput
 from gpufleet.jobs.models import JobState
 from gpufleet.jobs.slurm.nodes import json_document
@@ -250,9 +249,9 @@ def _job(raw: Mapping[str, Any], now: float | None) -> SlurmJob:
         raise InvalidInput("Slurm: a job in squeue --json has no job_id")
     nodes_text = _text(raw.get("nodes")) or ""
     try:
-        nodes = tuple(hostlist.expand_hostlist(nodes_text)) if nodes_text else ()
-    except hostlist.BadHostlist:
-        raise InvalidInput(f"Slurm: job {int(job_id)} runs on an unreadable node list {nodes_text!r}") from None
+        nodes = tuple(hostlist.expand(nodes_text)) if nodes_text else ()
+    except InvalidInput as exc:
+        raise InvalidInput(f"Slurm: job {int(job_id)} runs on an unreadable node list: {exc}") from None
     reason = _text(raw.get("state_reason"))
     limit_min = _number(raw.get("time_limit"))
     state = _state(raw)
