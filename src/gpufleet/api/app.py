@@ -22,6 +22,7 @@ from gpufleet.api import dashboard, errors
 from gpufleet.api.audit import AuditMiddleware
 from gpufleet.api.context import HeadContext
 from gpufleet.api.deps import allow
+from gpufleet.api.finite_json import FiniteJsonBodies
 from gpufleet.api.hub import ChannelHub
 from gpufleet.api.limits import BodySizeLimit
 from gpufleet.api.routers import (
@@ -188,6 +189,20 @@ def _forwarder(settings: Settings) -> EventForwarder | None:
         raise ConfigError(str(exc)) from None
 
 
+def _add_middleware(app: FastAPI, settings: Settings) -> None:
+    """The request's outer layers, the last added outermost: the audit record, the body size limit,
+    then JSON bodies' numbers checked (on a body already bounded)."""
+    bulk = {
+        f"{API_PREFIX}/agent/software": MAX_SOFTWARE_BYTES,
+        f"{API_PREFIX}/cve/advisories": assets_routes.MAX_ADVISORY_BATCH_BYTES,
+        f"{API_PREFIX}/ansible/runs": ansible.MAX_RUN_BYTES,
+        f"{API_PREFIX}/ansible/plans": ansible.MAX_RUN_BYTES,
+    }
+    app.add_middleware(FiniteJsonBodies)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes, larger=bulk)
+    app.add_middleware(AuditMiddleware)  # outermost: records even what the size limit refuses
+
+
 def create_app(
     settings: Settings,
     sessions: sessionmaker[Session],
@@ -347,12 +362,5 @@ def create_app(
             }
         )
 
-    bulk = {
-        f"{API_PREFIX}/agent/software": MAX_SOFTWARE_BYTES,
-        f"{API_PREFIX}/cve/advisories": assets_routes.MAX_ADVISORY_BATCH_BYTES,
-        f"{API_PREFIX}/ansible/runs": ansible.MAX_RUN_BYTES,
-        f"{API_PREFIX}/ansible/plans": ansible.MAX_RUN_BYTES,
-    }
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes, larger=bulk)
-    app.add_middleware(AuditMiddleware)  # outermost: records even what the size limit refuses
+    _add_middleware(app, settings)
     return app
