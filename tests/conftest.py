@@ -3,6 +3,10 @@
 PostgreSQL is started once per test run (scripts/services/postgres.sh, under a file lock so that
 xdist workers share it); each worker gets its own database. Where PostgreSQL is not installed the
 tests skip with the reason, unless GPUFLEET_REQUIRE_SERVICES=1 (CI), which turns that skip into a failure.
+
+Outside programs the same way (tests/services.py): a test that runs one, itself or through gpufleet's
+code, is marked `@pytest.mark.requires_tool("rsync")` or calls `require_tool("rsync")`, and skips
+naming the program and how to install it where it is not on PATH.
 """
 
 from __future__ import annotations
@@ -27,17 +31,19 @@ from gpufleet.core.clock import FakeClock
 from gpufleet.core.config import load_settings
 from gpufleet.core.db import make_engine, make_session_factory, transaction
 from gpufleet.migrations import upgrade
+from tests.services import check_required_tools, need, register_marker
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
-def need(service: str, reason: str) -> None:
-    """Skip (or, in CI, fail) a test whose system service is unavailable, saying why."""
-    message = f"{service} unavailable: {reason}"
-    if os.environ.get("GPUFLEET_REQUIRE_SERVICES") == "1":
-        pytest.fail(f"{message} (GPUFLEET_REQUIRE_SERVICES=1 makes this a failure)")
-    pytest.skip(message)
+def pytest_configure(config: pytest.Config) -> None:
+    register_marker(config)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture runs: a test marked `requires_tool` skips when a program it names is missing."""
+    check_required_tools(item)
 
 
 @pytest.fixture(scope="session")

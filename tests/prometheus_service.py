@@ -7,7 +7,6 @@ skip with the reason, or fail under GPUFLEET_REQUIRE_SERVICES=1 (CI), like Postg
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +16,7 @@ from typing import Any
 import httpx
 from filelock import FileLock
 
-from tests.conftest import need
+from tests.services import find_tool, need, require_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "services" / "prometheus.sh"
@@ -25,19 +24,18 @@ SCRIPT = ROOT / "scripts" / "services" / "prometheus.sh"
 
 def promtool() -> str:
     """The path of promtool, installing Debian's prometheus package first if need be (and allowed)."""
-    found = shutil.which("promtool")
-    if found and shutil.which("prometheus"):
+    found = find_tool("promtool")
+    if found and find_tool("prometheus"):
         return found
     with FileLock("/tmp/gpufleet-test-prometheus-install.lock"):
         result = subprocess.run(
             ["bash", str(SCRIPT), "install"], capture_output=True, text=True, timeout=600, check=False
         )
-    found = shutil.which("promtool")
-    if result.returncode != 0 or not found:
+    if result.returncode != 0:
         reason = (result.stderr or result.stdout).strip().splitlines()
-        need("Prometheus", reason[-1] if reason else "promtool not found")
-    assert found is not None
-    return found
+        need("Prometheus", reason[-1] if reason else "prometheus.sh install failed")
+    require_tool("prometheus")
+    return require_tool("promtool")
 
 
 def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

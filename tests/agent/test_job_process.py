@@ -33,6 +33,7 @@ from gpufleet.agent.jobs.ports import JobExecutor, RankResult
 from gpufleet.agent.jobs.process import ProcessExecutor
 from gpufleet.protocol.jobs import MAX_OUTPUT_CHUNK, JobStart
 from tests.conftest import ROOT, need
+from tests.services import require_tool
 
 GRACE_S = 0.5
 IMAGE = "localhost/gpufleet/busybox:test"
@@ -691,9 +692,7 @@ def test_bubblewrap_runs_a_root_file_system_as_the_user(
     container_setup: ContainerSetup, tmp_path: Path, open_dir: Path
 ) -> None:
     need_root()
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        need("bubblewrap", "bwrap not on PATH after containers.sh install")
+    bwrap = require_tool("bwrap")
     executor = ProcessExecutor(
         tmp_path / "spool", min_uid=0, grace_s=GRACE_S, containers=Containers(None, bwrap), track_s=0.05
     )

@@ -6,8 +6,6 @@ arrive in rsyslog's output file, one JSON object per line; the ordinary line its
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +23,7 @@ from gpufleet.core.clock import FakeClock
 from gpufleet.core.config import load_settings
 from tests.api.test_channel import _credential
 from tests.conftest import ROOT, need
+from tests.services import find_tool, require_tool
 
 pytestmark = pytest.mark.rsyslog
 XID79 = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -32,7 +31,7 @@ PEERMEM = "nvidia-peermem: module verification failed: signature and/or required
 
 
 def rsyslogd() -> str:
-    found = shutil.which("rsyslogd") or ("/usr/sbin/rsyslogd" if os.path.exists("/usr/sbin/rsyslogd") else None)
+    found = find_tool("rsyslogd")
     if found is None:
         result = subprocess.run(
             ["bash", str(ROOT / "scripts" / "services" / "rsyslog.sh"), "install"],
@@ -43,7 +42,7 @@ def rsyslogd() -> str:
         )
         if result.returncode != 0:
             need("rsyslog", result.stderr.strip() or "install failed")
-        found = "/usr/sbin/rsyslogd"
+        found = require_tool("rsyslogd")
     return found
 
 

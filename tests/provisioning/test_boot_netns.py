@@ -6,7 +6,6 @@ the node's own iPXE script comes over TFTP, and a MAC gpufleet does not know get
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from gpufleet.provisioning.ipxe import script_path
 from gpufleet.provisioning.networks import NetworkSpec
 from tests.conftest import need
 from tests.provisioning.test_networks import dnsmasq
+from tests.services import require_tool
 
 pytestmark = pytest.mark.dnsmasq
 
@@ -47,11 +47,11 @@ def _run(*argv: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def namespaces(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     """A server namespace and a node namespace joined by a veth pair; names unique to this process."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        need("dnsmasq", "network namespaces need root and iproute2")
+    if os.geteuid() != 0:
+        need("dnsmasq", "network namespaces need root")
     dnsmasq()  # installs busybox and iproute2 with it (scripts/services/dnsmasq.sh)
-    if shutil.which("busybox") is None:
-        need("dnsmasq", "busybox (udhcpc, tftp) is not installed: scripts/services/dnsmasq.sh install")
+    require_tool("ip")
+    require_tool("busybox")  # udhcpc and tftp: the booting node
     tag = f"gf{os.getpid() % 100_000}"
     server, node = f"{tag}-srv", f"{tag}-node"
     created = _run("ip", "netns", "add", server)

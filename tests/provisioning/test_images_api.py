@@ -136,6 +136,7 @@ def test_images_over_http(client: TestClient, tmp_path: Path) -> None:
 
 
 @pytest.mark.rsync
+@pytest.mark.requires_tool("rsync")
 def test_sync_dry_run_and_drift_over_http(client: TestClient, tmp_path: Path) -> None:
     tar = tarball(make_tree(tmp_path / "tree"), tmp_path / "base.tar")
     finished(client, client.post("/api/v1/images", json={"name": "base", "tarball": str(tar)}))
@@ -248,6 +249,7 @@ def cli(*args: str) -> Result:
 
 
 @pytest.mark.rsync
+@pytest.mark.requires_tool("rsync")
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the CLI over the API: one backend is enough
 def test_the_image_commands(client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cli_through(client, monkeypatch)

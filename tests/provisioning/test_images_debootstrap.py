@@ -5,7 +5,6 @@ one slow test of images; SQLite only, the database is not what it tests)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from gpufleet.core.config import load_settings
 from gpufleet.core.db import transaction
 from tests.conftest import ROOT, need
 from tests.provisioning.images_helpers import sqlite_sessions
+from tests.services import find_tool, require_tool
 
 __all__ = ["sqlite_sessions"]
 pytestmark = pytest.mark.debootstrap
@@ -33,13 +33,14 @@ def _ready() -> None:
     """debootstrap installed (scripts/services/images.sh), root for chroot, and the mirror answering."""
     if os.geteuid() != 0:
         need("debootstrap", "debootstrap and chroot need root")
-    if shutil.which("debootstrap") is None and not Path("/usr/sbin/debootstrap").exists():
+    if find_tool("debootstrap") is None:
         script = ROOT / "scripts" / "services" / "images.sh"
         done = subprocess.run(
             ["bash", str(script), "install"], capture_output=True, text=True, timeout=600, check=False
         )
         if done.returncode != 0:
             need("debootstrap", done.stderr.strip() or "install failed")
+        require_tool("debootstrap")
     try:
         httpx.head(f"{MIRROR}/dists/bookworm/Release", timeout=10, follow_redirects=True).raise_for_status()
     except httpx.HTTPError as exc:

@@ -3,7 +3,6 @@ checked by the real dnsmasq (`dnsmasq --test`)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from gpufleet.provisioning import networks
 from gpufleet.provisioning.dhcp import render_dnsmasq
 from gpufleet.provisioning.networks import NetworkSpec
 from tests.conftest import ROOT, need
+from tests.services import find_tool, require_tool
 
 INTERNAL = NetworkSpec(
     "internal",
@@ -34,7 +34,7 @@ INTERNAL = NetworkSpec(
 
 def dnsmasq() -> str:
     """Debian's dnsmasq, installed by scripts/services/dnsmasq.sh where it is missing and we are root."""
-    found = shutil.which("dnsmasq") or ("/usr/sbin/dnsmasq" if Path("/usr/sbin/dnsmasq").exists() else None)
+    found = find_tool("dnsmasq")
     if found is None:
         script = ROOT / "scripts" / "services" / "dnsmasq.sh"
         done = subprocess.run(
@@ -42,7 +42,7 @@ def dnsmasq() -> str:
         )
         if done.returncode != 0:
             need("dnsmasq", done.stderr.strip() or "install failed")
-        found = "/usr/sbin/dnsmasq"
+        found = require_tool("dnsmasq")
     return found
 
 

@@ -5,7 +5,6 @@ to a private sshd (scripts/services/rsync.sh), all through the task fan-out the 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -30,18 +29,22 @@ from gpufleet.tasks.runner import TaskContext
 from gpufleet.tasks.schemas import TaskOut
 from tests.conftest import ROOT, need
 from tests.provisioning.images_helpers import ACTOR, import_tarball, make_tree, run_task, sqlite_sessions, tarball
+from tests.services import find_tool, require_tool
 
 __all__ = ["sqlite_sessions"]
 pytestmark = pytest.mark.rsync
 SCRIPT = ROOT / "scripts" / "services" / "rsync.sh"
+TOOLS = ("rsync", "ssh", "sshd")
 
 
 def _install() -> None:
-    if shutil.which("rsync") and shutil.which("ssh") and Path("/usr/sbin/sshd").exists():
+    if all(find_tool(tool) for tool in TOOLS):
         return
     done = subprocess.run(["bash", str(SCRIPT), "install"], capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
         need("rsync", done.stderr.strip() or "install failed")
+    for tool in TOOLS:
+        require_tool(tool)
 
 
 @dataclass(frozen=True)

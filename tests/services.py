@@ -1,0 +1,80 @@
+"""What the tests need from the machine: outside programs and system services.
+
+Where one is missing, the test that needs it skips, naming it and how to install it; under
+GPUFLEET_REQUIRE_SERVICES=1 (CI, .ci/run) that skip is a failure. A test that runs an outside program,
+itself or through gpufleet's code, is marked `@pytest.mark.requires_tool("rsync")` (checked before its
+fixtures run, by tests/conftest.py) or calls `require_tool("rsync")` where it needs the path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+# Where each outside program the tests run comes from; the skip reason says it. Programs every Debian
+# system has (Priority: required: tar, gzip, cp, chroot, unshare, dash, sh) need no mark.
+TOOL_SOURCES = {
+    "rsync": "bash scripts/services/rsync.sh install",
+    "ssh": "bash scripts/services/rsync.sh install",
+    "sshd": "bash scripts/services/rsync.sh install",
+    "debootstrap": "bash scripts/services/images.sh install",
+    "podman": "bash scripts/services/containers.sh install image",
+    "bwrap": "bash scripts/services/containers.sh install image",
+    "dnsmasq": "bash scripts/services/dnsmasq.sh install",
+    "busybox": "bash scripts/services/dnsmasq.sh install",
+    "ip": "bash scripts/services/dnsmasq.sh install",
+    "rsyslogd": "bash scripts/services/rsyslog.sh install",
+    "prometheus": "bash scripts/services/prometheus.sh install",
+    "promtool": "bash scripts/services/prometheus.sh install",
+    "ipmitool": "bash scripts/services/ipmi.sh install",
+    "ipmi_sim": "bash scripts/services/ipmi.sh install",
+    "useradd": "apt-get install passwd",
+    "bash": "apt-get install bash",
+}
+SBIN_DIRS = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+MARKER = "requires_tool"
+
+
+def need(service: str, reason: str) -> None:
+    """Skip (or, in CI, fail) a test whose system service is unavailable, saying why."""
+    message = f"{service} unavailable: {reason}"
+    if os.environ.get("GPUFLEET_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{message} (GPUFLEET_REQUIRE_SERVICES=1 makes this a failure)")
+    pytest.skip(message)
+
+
+def find_tool(name: str) -> str | None:
+    """The path of program `name` on PATH, or None. Where PATH names no sbin directory (a user's
+    shell on Debian), the system's sbin directories are searched too: dnsmasq, sshd and debootstrap
+    live there, and gpufleet's own runner (provisioning.runner) has them on its PATH."""
+    path = os.environ.get("PATH", os.defpath)
+    if not any(os.path.basename(part.rstrip("/")) == "sbin" for part in path.split(os.pathsep)):
+        path = os.pathsep.join([path, *SBIN_DIRS])
+    return shutil.which(name, path=path)
+
+
+def require_tool(name: str) -> str:
+    """The path of program `name`; where it is missing, skip the test (fail it in CI) naming the
+    program and how to install it."""
+    found = find_tool(name)
+    if found is None:
+        need(name, f"{name} is not installed ({TOOL_SOURCES.get(name, 'install it')})")
+    assert found is not None
+    return found
+
+
+def register_marker(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(*names): runs these outside programs, itself or through gpufleet; skips naming each one "
+        "missing from PATH, a failure under GPUFLEET_REQUIRE_SERVICES=1 (tests.services.require_tool)",
+    )
+
+
+def check_required_tools(item: pytest.Item) -> None:
+    """Skip `item` (fail it in CI) if a program its `requires_tool` marks name is missing."""
+    for mark in item.iter_markers(MARKER):
+        for name in mark.args:
+            require_tool(name)
