@@ -1,8 +1,9 @@
 """Shared fixtures: a migrated database on SQLite and on PostgreSQL, a fake clock, service gating.
 
 PostgreSQL is started once per test run (scripts/services/postgres.sh, under a file lock so that
-xdist workers share it); each worker gets its own database. Where PostgreSQL is not installed the
-tests skip with the reason, unless GPUFLEET_REQUIRE_SERVICES=1 (CI), which turns that skip into a failure.
+xdist workers share it) and stopped after it, unless it was running before; each worker gets its own
+database. Where PostgreSQL is not installed the tests skip with the reason, unless
+GPUFLEET_REQUIRE_SERVICES=1 (CI), which turns that skip into a failure.
 
 Outside programs the same way (tests/services.py): a test that runs one, itself or through gpufleet's
 code, is marked `@pytest.mark.requires_tool("rsync")` or calls `require_tool("rsync")`, and skips
@@ -14,7 +15,6 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +31,7 @@ from gpufleet.core.clock import FakeClock
 from gpufleet.core.config import load_settings
 from gpufleet.core.db import make_engine, make_session_factory, transaction
 from gpufleet.migrations import upgrade
-from tests.services import check_required_tools, need, register_marker
+from tests.services import SharedService, check_required_tools, need, register_marker
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -47,25 +47,25 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(scope="session")
-def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The DSN of a PostgreSQL server: $GPUFLEET_TEST_PG_DSN, or a throwaway one this run starts."""
+def postgres_server() -> Iterator[str]:
+    """The DSN of a PostgreSQL server: $GPUFLEET_TEST_PG_DSN (left alone), or a throwaway one, stopped
+    after the last test process using it is done if a test process started it (SharedService)."""
     explicit = os.environ.get("GPUFLEET_TEST_PG_DSN")
     if explicit:
-        return explicit
-    lock = FileLock(str(Path("/tmp") / "gpufleet-test-postgres.lock"))
-    with lock:
-        result = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "services" / "postgres.sh"), "start"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        yield explicit
+        return
+    state = Path(os.environ.get("GPUFLEET_PG_STATE", "/tmp/gpufleet-test-postgres")).name  # postgres.sh's
+    script = ROOT / "scripts" / "services" / "postgres.sh"
+    server = SharedService(state, script, Path("/tmp") / "gpufleet-test-postgres.lock")
+    result = server.start()
     if result.returncode != 0:
         need(
             "PostgreSQL", (result.stderr or result.stdout).strip().splitlines()[-1] if result.stderr else "start failed"
         )
-    return result.stdout.strip().splitlines()[-1]
+    try:
+        yield result.stdout.strip().splitlines()[-1]
+    finally:
+        server.release()
 
 
 @pytest.fixture(scope="session")

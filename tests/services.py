@@ -4,14 +4,23 @@ Where one is missing, the test that needs it skips, naming it and how to install
 GPUFLEET_REQUIRE_SERVICES=1 (CI, .ci/run) that skip is a failure. A test that runs an outside program,
 itself or through gpufleet's code, is marked `@pytest.mark.requires_tool("rsync")` (checked before its
 fixtures run, by tests/conftest.py) or calls `require_tool("rsync")` where it needs the path.
+
+Services the test processes share (PostgreSQL, Slurm) are a `SharedService`: started by the first
+process that needs one, stopped by the last one done with it, so a test run leaves running nothing it
+started; a service that was running before the tests started it is left alone.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 # Where each outside program the tests run comes from; the skip reason says it. Programs every Debian
 # system has (Priority: required: tar, gzip, cp, chroot, unshare, dash, sh) need no mark.
@@ -78,3 +87,84 @@ def check_required_tools(item: pytest.Item) -> None:
     for mark in item.iter_markers(MARKER):
         for name in mark.args:
             require_tool(name)
+
+
+SHARED_STATE = Path("/tmp") / "gpufleet-test-services"
+STARTED_BY_TESTS = "started-by-tests"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+@dataclass
+class SharedService:
+    """A service behind a scripts/services script (`start`, `stop`, `status`) that the test processes
+    on this machine share: xdist workers, and runs side by side.
+
+    Each process that starts it holds it (a file named after its pid) until `release`; the last holder
+    to release stops it, if a test process started it: `status` said it was not running before the
+    start. A holder that died without releasing (kill -9) is forgotten at the next release.
+    """
+
+    name: str  # its state under `state`: the marker and the holders
+    script: Path
+    lock: Path  # the same lock serialises starts, releases and stops
+    env: Mapping[str, str] = field(default_factory=dict)
+    state: Path = SHARED_STATE
+    holder: int = field(default_factory=os.getpid)
+
+    def start(self) -> subprocess.CompletedProcess[str]:
+        """`SCRIPT start` (which returns at once when it is running); this process holds the service
+        from a successful start until `release`."""
+        with FileLock(str(self.lock)):
+            was_running = self.running()
+            started = self._run("start", 600)
+            if started.returncode == 0:
+                holders = self._dir / "holders"
+                holders.mkdir(parents=True, exist_ok=True)
+                if not was_running:
+                    (self._dir / STARTED_BY_TESTS).write_text(f"{self.holder}\n")
+                (holders / str(self.holder)).touch()
+        return started
+
+    def release(self) -> None:
+        """This process is done with the service: stop it if a test process started it and no live
+        process holds it any more."""
+        with FileLock(str(self.lock)):
+            holders = self._dir / "holders"
+            (holders / str(self.holder)).unlink(missing_ok=True)
+            left = []
+            for held in holders.iterdir() if holders.is_dir() else ():
+                if held.name.isdigit() and _alive(int(held.name)):
+                    left.append(held)
+                else:
+                    held.unlink(missing_ok=True)
+            marker = self._dir / STARTED_BY_TESTS
+            if not left and marker.exists():
+                self._run("stop", 120)
+                marker.unlink()
+
+    def running(self) -> bool:
+        """What `SCRIPT status` says."""
+        return self._run("status", 60).returncode == 0
+
+    @property
+    def _dir(self) -> Path:
+        return self.state / self.name
+
+    def _run(self, command: str, timeout: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(self.script), command],
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )

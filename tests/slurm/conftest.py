@@ -1,16 +1,17 @@
 """Slurm fixtures: a real single-node Slurm (scripts/services/slurm.sh) for the tests marked `slurm`, and a
 SQLite database for the unit tests here (no PostgreSQL needed to test parsing and the drain rule).
 
-The real Slurm is started once per test run under a file lock (xdist workers share it) and left running,
-like PostgreSQL; `bash scripts/services/slurm.sh stop` stops it. Where Slurm cannot be installed or
-started the tests skip with the reason, unless GPUFLEET_REQUIRE_SERVICES=1 (CI), which makes that a failure.
+The real Slurm is started once per test run under a file lock (xdist workers share it) and, like
+PostgreSQL, stopped after the run's last test process using it is done (munged, slurmctld, slurmd, and
+slurmdbd with MariaDB), unless it was running before the tests started it (tests.services.SharedService).
+Where Slurm cannot be installed or started the tests skip with the reason, unless
+GPUFLEET_REQUIRE_SERVICES=1 (CI), which makes that a failure.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from filelock import FileLock
 
 from gpufleet.jobs.slurm.commands import SlurmCommands
 from tests.conftest import ROOT, need
+from tests.services import SharedService
 
 SLURM_LOCK = Path("/tmp") / "gpufleet-test-slurm.lock"
 
@@ -63,24 +65,24 @@ def _read_env(path: Path) -> dict[str, str]:
     return env
 
 
-def start_cluster(what: str, lock: Path, env: dict[str, str] | None = None) -> SlurmCluster:
-    """`slurm.sh start` under `lock` (xdist workers share one instance), with `env` added (another state
-    directory, ports, GPUFLEET_SLURM_DBD); skips the test with the reason when Slurm cannot start here."""
+def start_cluster(what: str, lock: Path, env: dict[str, str] | None = None) -> Iterator[SlurmCluster]:
+    """For a session fixture (`yield from`): `slurm.sh start` under `lock` (xdist workers share one
+    instance), with `env` added (another state directory, ports, GPUFLEET_SLURM_DBD), and `slurm.sh stop`
+    after the last test process using it, if a test process started it. Skips the test with the reason
+    when Slurm cannot start here."""
     if os.geteuid() != 0:
         need(what, "the test Slurm runs its daemons as root (SlurmUser=root); run the tests as root")
-    with FileLock(str(lock)):
-        result = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "services" / "slurm.sh"), "start"],
-            env={**os.environ, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+    env = env or {}
+    state = Path(env.get("GPUFLEET_SLURM_STATE", "/tmp/gpufleet-test-slurm")).name
+    slurm = SharedService(state, ROOT / "scripts" / "services" / "slurm.sh", lock, env)
+    result = slurm.start()
     if result.returncode != 0:
         lines = (result.stderr or result.stdout).strip().splitlines()
         need(what, lines[-1] if lines else f"slurm.sh start exited {result.returncode}")
-    return SlurmCluster(_read_env(Path(result.stdout.strip().splitlines()[-1])))
+    try:
+        yield SlurmCluster(_read_env(Path(result.stdout.strip().splitlines()[-1])))
+    finally:
+        slurm.release()
 
 
 def sinfo_node(commands: SlurmCommands, node: str, fields: str = "%T") -> str:
@@ -109,9 +111,9 @@ def wait_until(
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> SlurmCluster:
+def slurm_cluster() -> Iterator[SlurmCluster]:
     """A real slurmctld + slurmd + munge on this machine, with a fake 4-GPU GRES."""
-    return start_cluster("Slurm", SLURM_LOCK)
+    yield from start_cluster("Slurm", SLURM_LOCK)
 
 
 @pytest.fixture

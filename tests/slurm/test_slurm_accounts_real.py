@@ -54,9 +54,9 @@ ACCOUNTS_LOCK = Path("/tmp") / "gpufleet-test-slurmdbd-accounts.lock"
 
 
 @pytest.fixture(scope="session")
-def slurmdbd_cluster() -> SlurmCluster:
+def slurmdbd_cluster() -> Iterator[SlurmCluster]:
     """A real slurmctld + slurmd + slurmdbd + MariaDB + munge, accounting enforced, a fake 4-GPU GRES."""
-    return start_cluster("Slurm with slurmdbd", DBD_LOCK, DBD_ENV)
+    yield from start_cluster("Slurm with slurmdbd", DBD_LOCK, DBD_ENV)
 
 
 @pytest.fixture

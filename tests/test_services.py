@@ -1,5 +1,6 @@
-"""The README's promise for outside programs (tests/services.py): a test whose program is missing skips,
-naming it and how to install it; under GPUFLEET_REQUIRE_SERVICES=1 (CI) that skip is a failure."""
+"""tests/services.py. The README's promise for outside programs: a test whose program is missing skips,
+naming it and how to install it; under GPUFLEET_REQUIRE_SERVICES=1 (CI) that skip is a failure. And
+services the tests share are stopped by the last test process done with them, if the tests started them."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import services
 from tests.conftest import ROOT
-from tests.services import SBIN_DIRS, find_tool, require_tool
+from tests.services import SBIN_DIRS, SharedService, find_tool, require_tool
 
 RSYNC_MISSING = "rsync unavailable: rsync is not installed (bash scripts/services/rsync.sh install)"
 
@@ -98,3 +100,70 @@ def test_a_session_without_the_program_skips_its_tests_with_the_reason(tmp_path:
     assert f": {RSYNC_MISSING}\n" in skipped.stdout
     assert "2 skipped" in skipped.stdout
     assert "ran without rsync" not in skipped.stdout
+
+
+# A service as scripts/services/*.sh are: start (at once when running), stop, status; a sleep is its daemon.
+FAKE_SERVICE = """#!/usr/bin/env bash
+set -eu
+pidfile=$FAKE_STATE/daemon.pid
+running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+case $1 in
+  start) running || { sleep 300 >/dev/null 2>&1 & echo $! >"$pidfile"; }; echo "ready" ;;
+  stop) if running; then kill "$(cat "$pidfile")"; fi; rm -f "$pidfile"; echo "fake: stopped" ;;
+  status) running ;;
+esac
+"""
+
+
+@pytest.fixture
+def fake_service(tmp_path: Path) -> Iterator[Callable[..., SharedService]]:
+    """SharedServices over one fake service (one per holder pid); its daemon killed at the end whatever happened."""
+    script = tmp_path / "fake.sh"
+    script.write_text(FAKE_SERVICE)
+    env = {"FAKE_STATE": str(tmp_path)}
+
+    def held_by(holder: int) -> SharedService:
+        return SharedService("fake", script, tmp_path / "fake.lock", env, state=tmp_path / "shared", holder=holder)
+
+    yield held_by
+    subprocess.run(["bash", str(script), "stop"], env={**os.environ, **env}, capture_output=True, check=False)
+
+
+def test_the_last_holder_stops_what_the_tests_started(fake_service: Callable[..., SharedService]) -> None:
+    other = subprocess.Popen(["sleep", "300"])  # another test process (an xdist worker) using it too
+    try:
+        mine, theirs = fake_service(os.getpid()), fake_service(other.pid)
+        assert not mine.running()
+
+        assert mine.start().stdout == "ready\n"
+        assert theirs.start().returncode == 0
+        mine.release()
+        assert mine.running(), "stopped while another test process still held it"
+        theirs.release()
+        assert not mine.running()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_holder_that_died_does_not_keep_it_running(fake_service: Callable[..., SharedService]) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # killed mid-run: it never released
+    mine, theirs = fake_service(os.getpid()), fake_service(dead.pid)
+    theirs.start()
+    mine.start()
+
+    mine.release()
+
+    assert not mine.running()
+
+
+def test_a_service_running_before_the_tests_is_left_running(fake_service: Callable[..., SharedService]) -> None:
+    by_hand = fake_service(os.getpid())
+    started_by_hand = ["bash", str(by_hand.script), "start"]  # an admin's `slurm.sh start`, CI's PostgreSQL
+    subprocess.run(started_by_hand, env={**os.environ, **by_hand.env}, capture_output=True, check=True)
+
+    by_hand.start()
+    by_hand.release()
+
+    assert by_hand.running()
