@@ -11,7 +11,9 @@ regular expression per line), and only the lines that hold one are framed and ma
 
 Multi-line messages are one event: the driver's "The NVIDIA GPU ... has fallen off the bus" spans
 three lines, an SXid's "Severity"/"Data" lines and an Xid 119's RPC history belong to the line that
-named the error, and an `ibstat` port's state belongs to its CA and port lines above it.
+named the error, an `ibstat` port's state belongs to its CA and port lines above it, and a kernel
+oops is one event on the line naming its cause ("BUG: unable to handle ...", "kernel BUG at ..."),
+its "Oops: 0000 [#1]" header a few lines below being part of it.
 """
 
 from __future__ import annotations
@@ -42,10 +44,19 @@ KEYWORDS: tuple[str, ...] = (
     "State:",  # ibstat
     "Link layer:",
     "NVSwitch",  # the Fabric Manager log's own account of SXids
+    "API mismatch",  # NVRM: the driver's kernel module and its user-space libraries differ
+    "peermem",  # nvidia-peermem (GPUDirect RDMA), and nvidia_peermem as the module loader names it
+    "nv_peer_mem",  # its predecessor from Mellanox OFED
+    "Kernel panic",
+    "BUG: ",  # the causes of an oops: "BUG: unable to handle ...", "BUG: kernel NULL pointer ..."
+    "kernel BUG at",
+    "Unable to handle kernel",  # arm and arm64
+    " [#",  # an oops's own header: "Oops: 0000 [#1] SMP", "general protection fault: 0000 [#1]"
     '"MESSAGE":[',  # journalctl -o json writes a message that is not UTF-8 as a list of bytes
     '"MESSAGE": [',
 )
 _PCI = r"(?:PCI:)?((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
+_BDF = r"((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"  # with the PCI function
 _XID = re.compile(r"\b(S?)Xid \(" + _PCI + r"(?: GPU-I:\s*\d+)?\):\s*(\d+)(?:,\s*(.*))?")
 _FM_SXID = re.compile(r"detected NVSwitch (non-fatal|fatal) error (\d+) .*?pci bus id " + _PCI, re.IGNORECASE)
 _XID_BARE = re.compile(r"\bXID (\d+)\b\s*(.*)")  # NVIDIA's documented form, without the PCI address
@@ -56,12 +67,33 @@ _RECOVERY = re.compile(
     r"to 0x[0-9a-fA-F]+ \(([^)]*)\)"
 )  # Xid 154: "... changed from 0x0 (None) to 0x4 (Drain and Reset)"
 _NVLINK5 = re.compile(r"\b(Nonfatal|Fatal)\b")
-_MLX5 = re.compile(r"\bmlx5_(?:core (" + _PCI + r"))?")  # mlx5_core 0000:01:00.0: ..., mlx5_port_module_event:...
+_MLX5 = re.compile(r"\bmlx5_(?:core " + _BDF + ")?")  # mlx5_core 0000:01:00.0: ..., mlx5_port_module_event:...
 _CARRIER = re.compile(r"\b(ib[\w.]*): (Lost|Gained) carrier")
-_OOM = re.compile(r"[Oo]ut of memory: Killed process (\d+) \(([^)]*)\)")
+# "Killed process N (name)" since kernel 5.x; "Kill process N (name) score S or sacrifice child" before
+# (RHEL/CentOS 7's 3.10), where the "Killed process" line that follows is the same kill.
+_OOM = re.compile(r"[Oo]ut of memory: Kill(?:ed)? process (\d+) \(([^)]*)\)")
 _HUNG = re.compile(r"task (\S+):(\d+) blocked for more than (\d+) seconds")
 _EDAC = re.compile(r"EDAC \S+: (\d+) (UE|CE) ")
 _MCE = re.compile(r"Machine check events logged|Machine Check Exception")
+_VERSION = r"(\d+(?:\.\d+)*)"
+# The driver's kernel module refuses a client whose libraries are another version: the node cannot run
+# CUDA until they agree (usually a driver upgraded without a reboot). The message spans several lines;
+# rsyslog writes it as one, its newlines as #012.
+_API_MISMATCH = re.compile(
+    r"NVRM: API mismatch: the client (?:'(?P<client>[^']*)' \(pid (?P<pid>\d+)\)|has the version " + _VERSION + ")"
+)
+_MODULE_VERSION = re.compile(r"this kernel module has the version " + _VERSION)
+_PEERMEM_ERROR = re.compile(r"\bnvidia[-_]peermem \w+:\d+ (?:ERROR )?(.*)")  # peer_err(): function:line message
+_PEERMEM_UNLOADED = re.compile(r"\b(nvidia[-_]peermem|nv_peer_mem): Unknown symbol (\w+)")  # the loader's refusal
+_PANIC = re.compile(r"(?<!end )Kernel panic - not syncing: ?(.*?)(?: \]---)?$")  # not its closing "---[ end ..."
+_OOPS_CAUSE = re.compile(
+    r"\b(?:BUG: (?:unable to handle|kernel NULL pointer dereference)|kernel BUG at |Unable to handle kernel ).*"
+)
+_OOPS_HEADER = re.compile(r"(?P<what>[A-Za-z][^\[\]]*?): [0-9a-f]{2,16} \[#\d+\]")  # die(): "what: error [#count]"
+_OOPS_HEADER_PREFIX = re.compile(r"^(?:Internal error: |Oops: )+")
+# An oops's header follows its cause within a few lines (x86: the #PF and PGD lines; arm64: a dozen
+# lines of abort information). Further apart, they are two oopses.
+OOPS_CAUSE_LINES = 40
 _IBSTAT_STATE = re.compile(r"^\s*State: (\w+)")
 _IBSTAT_CA = re.compile(r"^CA '([^']+)'", re.MULTILINE)
 _IBSTAT_PORT = re.compile(r"^\s*Port (\d+):", re.MULTILINE)
@@ -78,7 +110,23 @@ _RECOVERY_ACTIONS: dict[str, Action] = {
 }
 
 # Every kind of event the recognisers below give (the dashboard's kind filter lists them).
-EVENT_KINDS = ("xid", "sxid", "gpu_off_bus", "nvlink", "ecc", "gpu_reset", "nic", "ib_link", "oom", "hung_task", "mce")
+EVENT_KINDS = (
+    "xid",
+    "sxid",
+    "gpu_off_bus",
+    "nvlink",
+    "ecc",
+    "gpu_reset",
+    "driver",
+    "nic",
+    "ib_link",
+    "peermem",
+    "oom",
+    "hung_task",
+    "mce",
+    "oops",
+    "panic",
+)
 
 
 @dataclass
@@ -89,7 +137,9 @@ class LogEvent:
     line: str
     line_no: int  # 1-based, in the text classified (or the stream since the classifier started)
     code: int | None = None
-    pci_bus: str | None = None  # "0000:2b:00": domain, bus, device as the driver names a GPU
+    pci_bus: str | None = (
+        None  # a GPU's "0000:2b:00" (domain, bus, device, as NVML); a NIC's "0000:3b:00.1" (and function)
+    )
     device: str | None = None  # a name where there is no PCI id: ib0, mlx5_10/1, a task
     category: str | None = None  # for Xids, the table's category (ecc, nvlink, bus, app, ...)
     message: str = ""
@@ -103,14 +153,18 @@ class LogEvent:
         return out
 
 
-def normalize_pci(value: str) -> str:
-    """'00000000:2B:00.0', '2b:00' and '0000:2b:00' all name the same GPU: '0000:2b:00'."""
-    value = value.lower().split(".", 1)[0]
+def normalize_pci(value: str, *, function: bool = False) -> str:
+    """'00000000:2B:00.0', '2b:00' and '0000:2b:00' all name the same GPU: '0000:2b:00'.
+
+    With `function`, a function the address has is kept ('0000:3b:00.1'): the ports of one network
+    card are functions of one PCI device, and must stay apart."""
+    value, _, fn = value.lower().partition(".")
     parts = value.split(":")
     if len(parts) == 2:
         parts.insert(0, "0000")
     domain = parts[0][-4:].rjust(4, "0")
-    return f"{domain}:{parts[1]}:{parts[2]}"
+    device = f"{domain}:{parts[1]}:{parts[2]}"
+    return f"{device}.{fn}" if function and fn else device
 
 
 def _event(kind: str, action: Action, line: str, **fields: Any) -> LogEvent:
@@ -175,7 +229,7 @@ _MLX5_EVENTS: tuple[tuple[tuple[str, ...], str, Action, str], ...] = (
 
 
 def _mlx5(m: re.Match[str], line: str, _policy: XidPolicy) -> LogEvent | None:
-    pci = normalize_pci(m.group(2)) if m.group(2) else None
+    pci = normalize_pci(m.group(1), function=True) if m.group(1) else None
     for needles, kind, action, message in _MLX5_EVENTS:
         if any(n in line for n in needles):
             return _event(kind, action, line, pci_bus=pci, message=message)
@@ -205,6 +259,32 @@ def _mce(_m: re.Match[str], line: str, _policy: XidPolicy) -> LogEvent:
     return _event("mce", "warn", line, message="machine-check events logged")
 
 
+def _api_mismatch(m: re.Match[str], line: str, _policy: XidPolicy) -> LogEvent:
+    """Reboot: what fixes it after a driver upgrade (the new kernel module loads); a drain until then."""
+    if m.group("client") is not None:
+        detail = f"client {m.group('client')}, pid {m.group('pid')}"
+    else:
+        module = _MODULE_VERSION.search(m.string)  # on this line only where rsyslog joined the message
+        detail = f"libraries {m.group(3)}" + (f", kernel module {module.group(1)}" if module else "")
+    message = f"the driver's kernel module and its user-space libraries differ ({detail})"
+    return _event("driver", "reboot", line, message=message)
+
+
+def _peermem_error(m: re.Match[str], line: str, _policy: XidPolicy) -> LogEvent:
+    """Every message nvidia-peermem prints is an error; GPUDirect RDMA transfers may fail or fall back."""
+    return _event("peermem", "warn", line, message=f"nvidia-peermem: {m.group(1).strip()}")
+
+
+def _peermem_unloaded(m: re.Match[str], line: str, _policy: XidPolicy) -> LogEvent:
+    message = f"{m.group(1)} did not load (unknown symbol {m.group(2)}): no GPUDirect RDMA"
+    return _event("peermem", "warn", line, message=message)
+
+
+def _panic(m: re.Match[str], line: str, _policy: XidPolicy) -> LogEvent:
+    """Drain: the node rebooted (or hangs); work stays off it until someone finds out why."""
+    return _event("panic", "drain", line, message=f"kernel panic: {m.group(1).strip()}")
+
+
 def _reset(m: re.Match[str], line: str, _policy: XidPolicy) -> LogEvent:
     return _event("gpu_reset", "warn", line, pci_bus=normalize_pci(m.group(1)), message="GPU reset")
 
@@ -231,6 +311,10 @@ RECOGNISERS: tuple[tuple[re.Pattern[str], Recogniser], ...] = (
     (_HUNG, _hung),
     (_EDAC, _edac),
     (_MCE, _mce),
+    (_API_MISMATCH, _api_mismatch),
+    (_PEERMEM_ERROR, _peermem_error),
+    (_PEERMEM_UNLOADED, _peermem_unloaded),
+    (_PANIC, _panic),
     (_NVRM_RESET, _reset),
     (_NVRM_NVLINK, _nvlink),
     (_NVRM_ECC, _ecc),
@@ -260,6 +344,7 @@ class LogClassifier:
     _ca: str | None = None  # ibstat: the CA and port being read
     _port: str | None = None
     _port_down: LogEvent | None = None  # an ibstat port not Active, until its link layer is read
+    _oops_cause_at: int | None = None  # the line of an oops's cause whose header is still to come
 
     def feed(self, lines: Iterable[str]) -> Iterator[LogEvent]:
         """The events in `lines` (without their line ends). Every line goes through the keyword test;
@@ -323,7 +408,22 @@ class LogClassifier:
             if m.group(1) != "InfiniBand":
                 event.kind = "nic"  # an Ethernet port of a ConnectX card: not the InfiniBand fabric
             return True, event
-        return False, None
+        return self._oops(line, message)
+
+    def _oops(self, line: str, message: str) -> tuple[bool, LogEvent | None]:
+        """An oops: an event at its cause; its header ("Oops: 0000 [#1] SMP") is part of the cause
+        above it, or the event itself where none came first (a general protection fault, an invalid
+        opcode). Reboot: the kernel goes on after an oops, with locks held and state half changed."""
+        if m := _OOPS_CAUSE.search(message):
+            self._oops_cause_at = self.line_no
+            return True, _event("oops", "reboot", line, message=f"kernel oops: {m.group(0).strip()}")
+        if "[#" not in message or not (m := _OOPS_HEADER.search(message)):  # the test first: a cheap one
+            return False, None
+        cause_at, self._oops_cause_at = self._oops_cause_at, None
+        if cause_at is not None and self.line_no - cause_at <= OOPS_CAUSE_LINES:
+            return True, None
+        what = _OOPS_HEADER_PREFIX.sub("", m.group("what"))
+        return True, _event("oops", "reboot", line, message="kernel oops" if what == "Oops" else f"kernel oops: {what}")
 
     def context_before(self, text: str, start: int) -> None:
         """For `classify_text`, which skips the lines without keywords: an ibstat `State:` line's CA

@@ -4,7 +4,9 @@ thorough rather than fast.
 
 `frame(line, year)` returns (epoch seconds or None, seconds since boot or None, the message). dmesg's
 raw form and /dev/kmsg only know the time since boot; classic syslog omits the year (`year` fills it,
-or it is guessed).
+or it is guessed). A syslog priority in front of any of them (`<4>[  123.456789] ...` from `dmesg -r`
+and pstore dumps, `<14>` with the facility folded in) is dropped and the rest framed as usual; so is
+the caller (`[ T1234]`, `[    C2]`) that kernels built with CONFIG_PRINTK_CALLER print after the time.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 _KMSG = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;")  # /dev/kmsg: priority,seq,usec-since-boot,flags;message
-_UPTIME = re.compile(r"^\[\s*(\d+\.\d+)\]\s?")  # dmesg: [  123.456789]
+_PRIORITY = re.compile(r"^<\d{1,3}>")  # dmesg -r, pstore, raw syslog: <level + 8 * facility>
+_UPTIME = re.compile(r"^\[\s*(\d+\.\d+)\](?:\[\s*[TC]\d+\])?\s?")  # dmesg: [  123.456789], then [ T1234]
 _CTIME = re.compile(r"^\[(\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?")  # dmesg -T
 _DMESG_ISO = re.compile(r"^\w+\s*:\s*\w+\s*: (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)[,.](\d+)([+-]\d\d:\d\d) ")
 _ISO = re.compile(r"^(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?) (?:\S+ )?")
@@ -82,6 +85,8 @@ def frame(line: str, year: int | None = None) -> Framed:
     """(epoch, uptime, message) of one line. Times without a zone are taken as UTC."""
     if line.startswith("{"):
         return _journal_json(line)
+    if line.startswith("<") and (priority := _PRIORITY.match(line)):
+        line = line[priority.end() :]  # the priority says how bad, never when: what follows it does
     for prefix, framed in _FORMATS:
         if m := prefix.match(line):
             return framed(m, line[m.end() :], year)
