@@ -3,26 +3,33 @@ for people, a JSON array for scripts, gzip and stdin, and one clear line for wha
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
+import lzma
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from gpufleet.cli.logs import read_log
+from gpufleet.core.errors import InvalidInput
 from tests.conftest import FIXTURES
 
 XID_LOG = FIXTURES / "kernel-logs" / "kmsg-xid79-sxid20034-nvlink-down.log"
 
 
 def gpufleet(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    result = subprocess.run(
         [sys.executable, "-m", "gpufleet.entry", *args],
-        input=stdin.decode() if stdin is not None else None,
+        input=stdin,
         capture_output=True,
-        text=True,
         timeout=60,
         check=False,
     )
+    out, err = result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
+    return subprocess.CompletedProcess(result.args, result.returncode, out, err)
 
 
 def test_people_get_one_line_per_event_and_a_count() -> None:
@@ -63,3 +70,62 @@ def test_what_cannot_be_read_or_understood_is_one_line_and_exit_2(tmp_path: Path
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr
     assert "--xid-action: Xid 79: 'explode' is not one of ignore, warn, drain, reset_gpu, reboot" in bad.stderr
+
+
+# A real binary every test machine has: the interpreter running the tests (an ELF executable).
+BINARY = Path(sys.executable).resolve()
+
+
+@pytest.mark.parametrize("where", ["file", "stdin"])
+def test_a_binary_file_is_refused_by_name_with_exit_2(where: str) -> None:
+    if where == "file":
+        result = gpufleet("logs", "classify", str(BINARY))
+        name = str(BINARY)
+    else:
+        result = gpufleet("logs", "classify", "-", stdin=BINARY.read_bytes())
+        name = "stdin"
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(f"gpufleet: error: {name}: not a text log")
+    assert len(result.stderr.strip().splitlines()) == 1  # one line, no traceback
+
+
+def test_every_compression_logrotate_uses_is_read(tmp_path: Path) -> None:
+    plain = XID_LOG.read_bytes()
+    for suffix, compress in (("gz", gzip.compress), ("xz", lzma.compress), ("bz2", bz2.compress)):
+        (tmp_path / f"kern.log.{suffix}").write_bytes(compress(plain))
+        assert read_log(tmp_path / f"kern.log.{suffix}") == plain.decode(), suffix
+
+
+def test_a_log_with_a_crash_s_nul_blocks_is_still_text(tmp_path: Path) -> None:
+    """After a power loss, a filesystem can leave zero-filled blocks in a log that was being written:
+    the log an admin most wants read after a crash."""
+    log = tmp_path / "kern.log"
+    log.write_bytes(XID_LOG.read_bytes() + b"\0" * 8192 + XID_LOG.read_bytes())
+    events = json.loads(gpufleet("logs", "classify", "-o", "json", str(log)).stdout)
+    assert len(events) == 12
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"LPKSHHRH" + bytes(248), "a systemd journal file: export it with journalctl --file"),  # journald's signature
+        (b"\x28\xb5\x2f\xfd" + bytes(60), "zstd-compressed: decompress it first"),
+        (bytes(4096), "not a text log: it holds only NUL bytes"),
+        (lzma.compress(BINARY.read_bytes()), "not a text log"),  # compressed or not, a binary is a binary
+        (b"\xfd7zXZ\x00 truncated", "cannot read"),
+    ],
+    ids=["journal", "zstd", "only-nul", "binary-in-xz", "truncated-xz"],
+)
+def test_what_is_not_a_text_log_says_what_it_is(tmp_path: Path, content: bytes, says: str) -> None:
+    path = tmp_path / "x.log"
+    path.write_bytes(content)
+    with pytest.raises(InvalidInput, match=f"^(cannot read )?{path}"):
+        read_log(path)
+    with pytest.raises(InvalidInput) as caught:
+        read_log(path)
+    assert says in str(caught.value)
+
+
+def test_a_device_is_refused_rather_than_read_forever() -> None:
+    with pytest.raises(InvalidInput, match=r"^/dev/zero: not a log file but a character device"):
+        read_log(Path("/dev/zero"))

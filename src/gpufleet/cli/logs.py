@@ -1,14 +1,20 @@
 """gpufleet logs classify: the GPU, network and host faults in a kernel log, without a server.
 
-Admins run it on a log a user sent them (dmesg, dmesg -T, /dev/kmsg, syslog, journalctl short or
-`-o json`, the Fabric Manager log, ibstat output; gzip'd or not, or `-` for stdin). One event per
-line for people, or a JSON array for scripts. The same classifier runs in every agent.
+Admins run it on a log a user sent them (dmesg, dmesg -T, dmesg -r, /dev/kmsg records, syslog,
+journalctl short or `-o json`, a pstore dump, the Fabric Manager log, ibstat output; plain, gzip, xz or
+bzip2, or `-` for stdin). One event per line for people, or a JSON array for scripts. The same
+classifier runs in every agent. What is not a text log (a binary, a journal file, a device) is
+refused with one line naming it, never classified as zero events.
 """
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import lzma
+import stat
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
@@ -28,17 +34,74 @@ events_app = typer.Typer(
 )
 
 
+# How logrotate leaves old logs, by their first bytes; Python reads all three itself.
+DECOMPRESSORS: tuple[tuple[bytes, Callable[[bytes], bytes]], ...] = (
+    (b"\x1f\x8b", gzip.decompress),
+    (b"\xfd7zXZ\x00", lzma.decompress),
+    (b"BZh", bz2.decompress),
+)
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # no zstd in Python's library before 3.14
+JOURNAL_MAGIC = b"LPKSHHRH"  # a systemd journal file's signature
+# Bytes no text log holds: the C0 controls but tab, newline, vertical tab, form feed, carriage return
+# and escape (colour codes), and DEL. NUL is counted apart (see `not_text`).
+CONTROL_BYTES = bytes([*range(1, 9), *range(14, 27), *range(28, 32), 127])
+MAX_NOT_TEXT_SHARE = 0.1  # of the bytes: control bytes or not UTF-8; text logs have next to none
+
+
 def read_log(path: Path) -> str:
-    """The text of a log file (gzip'd or plain; `-` is stdin). Raises InvalidInput if unreadable."""
+    """The text of a log file (plain, gzip, xz or bzip2; `-` is stdin).
+
+    Raises InvalidInput, naming the file, when it cannot be read, is a device or socket, or is not
+    text (a binary, a systemd journal file, zstd that cannot be opened here)."""
+    name = "stdin" if str(path) == "-" else str(path)
     try:
-        if str(path) == "-":
-            return sys.stdin.read()
-        with path.open("rb") as fh:
-            gzipped = fh.read(2) == b"\x1f\x8b"
-        data = gzip.decompress(path.read_bytes()) if gzipped else path.read_bytes()
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise InvalidInput(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    return data.decode("utf-8", errors="replace")
+        if name == "stdin":
+            data = sys.stdin.buffer.read()
+        else:
+            kind = stat.S_IFMT(path.stat().st_mode)
+            if kind in (stat.S_IFCHR, stat.S_IFBLK, stat.S_IFSOCK):  # /dev/kmsg would be read forever
+                what = {stat.S_IFCHR: "character device", stat.S_IFBLK: "block device"}.get(kind, "socket")
+                raise InvalidInput(f"{name}: not a log file but a {what}; save it first, or pipe it to `-`")
+            data = path.read_bytes()  # a pipe (`<(journalctl -k)`) is read like a file
+        data = _decompressed(data)
+    except (OSError, EOFError, gzip.BadGzipFile, lzma.LZMAError) as exc:
+        raise InvalidInput(f"cannot read {name}: {getattr(exc, 'strerror', None) or exc}") from None
+    if data.startswith(JOURNAL_MAGIC):
+        raise InvalidInput(
+            f"{name}: a systemd journal file: export it with journalctl --file {name} -o json and classify that"
+        )
+    if data.startswith(ZSTD_MAGIC):
+        raise InvalidInput(f"{name}: zstd-compressed: decompress it first (zstd -dc {name} | gpufleet logs classify -)")
+    text = data.decode("utf-8", errors="replace")
+    if reason := not_text(data, text):
+        raise InvalidInput(f"{name}: not a text log: {reason}")
+    return text
+
+
+def _decompressed(data: bytes) -> bytes:
+    """`data`, decompressed when it starts as gzip, xz or bzip2 does. Raises what the decompressor raises."""
+    for magic, decompress in DECOMPRESSORS:
+        if data.startswith(magic):
+            return decompress(data)
+    return data
+
+
+def not_text(data: bytes, text: str) -> str | None:
+    """Why `data` (decoded as `text`) is not a text log, or None when it is.
+
+    NUL bytes are left out of the count: after a power loss a filesystem can leave zero-filled blocks
+    in a log that was being written, the very log an admin wants read after a crash. A few bytes that
+    are not UTF-8 (a Latin-1 process name) are text too; a binary has them by the thousand."""
+    if not data:
+        return None
+    nul = data.count(0)
+    if nul == len(data):
+        return "it holds only NUL bytes"
+    control = len(data) - nul - len(data.translate(None, CONTROL_BYTES + b"\0"))
+    share = (control + text.count("\ufffd")) / (len(data) - nul)
+    if share > MAX_NOT_TEXT_SHARE:
+        return f"{share:.0%} of its bytes are control characters or not UTF-8 (a binary file?)"
+    return None
 
 
 def parse_overrides(values: list[str]) -> XidPolicy:
