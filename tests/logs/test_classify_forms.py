@@ -68,6 +68,11 @@ def _utc(year: int, month: int, day: int, hour: int, minute: int, second: float)
         ("<4>[  105.480943][    C2] ", None, 105.480943),  # a pstore dump: and the caller (CONFIG_PRINTK_CALLER)
         ("[    5.518860][    T0] ", None, 5.51886),  # the caller without the priority
         ("<6>", None, None),  # dmesg -r of a kernel that does not stamp times (printk.time=0)
+        (  # a syslog relay's line as it travels (RFC 3164): the priority, then the syslog line
+            "<6>Dec  2 10:43:35 worker4 kernel: [240314.528856] ",
+            datetime(2025, 12, 2, 10, 43, 35, tzinfo=UTC).timestamp(),
+            240314.528856,
+        ),
     ],
 )
 def test_times_come_from_every_prefix(prefix: str, epoch: float | None, uptime: float | None) -> None:

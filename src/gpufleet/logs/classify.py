@@ -75,14 +75,13 @@ _OOM = re.compile(r"[Oo]ut of memory: Kill(?:ed)? process (\d+) \(([^)]*)\)")
 _HUNG = re.compile(r"task (\S+):(\d+) blocked for more than (\d+) seconds")
 _EDAC = re.compile(r"EDAC \S+: (\d+) (UE|CE) ")
 _MCE = re.compile(r"Machine check events logged|Machine Check Exception")
-_VERSION = r"(\d+(?:\.\d+)*)"
 # The driver's kernel module refuses a client whose libraries are another version: the node cannot run
 # CUDA until they agree (usually a driver upgraded without a reboot). The message spans several lines;
 # rsyslog writes it as one, its newlines as #012.
 _API_MISMATCH = re.compile(
-    r"NVRM: API mismatch: the client (?:'(?P<client>[^']*)' \(pid (?P<pid>\d+)\)|has the version " + _VERSION + ")"
+    r"NVRM: API mismatch: the client (?:'(?P<client>[^']*)' \(pid (?P<pid>\d+)\)|has the version (?P<libs>\d[\d.]*\d))"
 )
-_MODULE_VERSION = re.compile(r"this kernel module has the version " + _VERSION)
+_MODULE_VERSION = re.compile(r"this kernel module has the version (\d[\d.]*\d)")
 _PEERMEM_ERROR = re.compile(r"\bnvidia[-_]peermem \w+:\d+ (?:ERROR )?(.*)")  # peer_err(): function:line message
 _PEERMEM_UNLOADED = re.compile(r"\b(nvidia[-_]peermem|nv_peer_mem): Unknown symbol (\w+)")  # the loader's refusal
 _PANIC = re.compile(r"(?<!end )Kernel panic - not syncing: ?(.*?)(?: \]---)?$")  # not its closing "---[ end ..."
@@ -137,9 +136,7 @@ class LogEvent:
     line: str
     line_no: int  # 1-based, in the text classified (or the stream since the classifier started)
     code: int | None = None
-    pci_bus: str | None = (
-        None  # a GPU's "0000:2b:00" (domain, bus, device, as NVML); a NIC's "0000:3b:00.1" (and function)
-    )
+    pci_bus: str | None = None  # a GPU's "0000:2b:00" (as NVML); a NIC's "0000:3b:00.1" (its port's function too)
     device: str | None = None  # a name where there is no PCI id: ib0, mlx5_10/1, a task
     category: str | None = None  # for Xids, the table's category (ecc, nvlink, bus, app, ...)
     message: str = ""
@@ -265,7 +262,7 @@ def _api_mismatch(m: re.Match[str], line: str, _policy: XidPolicy) -> LogEvent:
         detail = f"client {m.group('client')}, pid {m.group('pid')}"
     else:
         module = _MODULE_VERSION.search(m.string)  # on this line only where rsyslog joined the message
-        detail = f"libraries {m.group(3)}" + (f", kernel module {module.group(1)}" if module else "")
+        detail = f"libraries {m.group('libs')}" + (f", kernel module {module.group(1)}" if module else "")
     message = f"the driver's kernel module and its user-space libraries differ ({detail})"
     return _event("driver", "reboot", line, message=message)
 
