@@ -104,18 +104,27 @@ class PermissionCheck:
 
     Routes declare `_: Allowed[Permission.X]`-style parameters through `allow`; the route x role
     matrix test reads `permission` back from each route, so no route goes without a decision.
+
+    A token with scope `read` passes only safe methods (GET, HEAD, OPTIONS), whatever its permission
+    allows, unless the route says it `reads_only`: a POST that changes nothing and contacts nothing
+    (a dry run, a template rendered). Reading a permission such as `power:read` must not let a
+    read-only token start a task or reach a BMC (POST /power/status does both).
     """
 
-    def __init__(self, permission: Permission) -> None:
+    def __init__(self, permission: Permission, *, reads_only: bool = False) -> None:
         self.permission = permission
+        self.reads_only = reads_only
 
-    def __call__(self, caller: Caller) -> Principal:
+    def __call__(self, request: Request, caller: Caller) -> Principal:
         if not allowed(caller.role, self.permission, caller.scope):
             who = f"a {caller.role}" + (" with a read-only token" if caller.scope == "read" else "")
             raise Forbidden(f"{who} may not do this ({self.permission})")
+        if caller.scope == "read" and request.method not in SAFE_METHODS and not self.reads_only:
+            raise Forbidden(f"a read-only token may not {request.method} here: it acts (use a token with scope write)")
         return caller
 
 
-def allow(permission: Permission) -> Any:
-    """`Annotated[Principal, allow(Permission.NODES_READ)]`: authenticate, then check the policy."""
-    return Depends(PermissionCheck(permission))
+def allow(permission: Permission, *, reads_only: bool = False) -> Any:
+    """`Annotated[Principal, allow(Permission.NODES_READ)]`: authenticate, then check the policy.
+    `reads_only` marks a POST that changes nothing, which a read-only token may call."""
+    return Depends(PermissionCheck(permission, reads_only=reads_only))

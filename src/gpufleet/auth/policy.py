@@ -50,7 +50,9 @@ class Permission(enum.StrEnum):
     # Run Ansible playbooks on nodes. Admins only: a playbook also runs code on the head itself
     # (`delegate_to: localhost`, lookups), as the head's user, which reads the head's secrets.
     ANSIBLE_RUN = "ansible:run"
-    POWER_READ = "power:read"  # nodes' BMCs (never their passwords) and their power state, read live
+    # Nodes' BMCs (never their passwords) and their power state; reading it live from the BMCs (a task,
+    # POST /power/status) needs a token with scope write as every POST does (api.deps.PermissionCheck).
+    POWER_READ = "power:read"
     POWER_WRITE = "power:write"  # set BMCs, power nodes on, off, cycle and reset
 
 
@@ -66,7 +68,8 @@ _READ_CLUSTER = frozenset(
         Permission.JOBS_READ,
     }
 )
-# What a token with scope "read" may still do, whatever its role.
+# What a token with scope "read" may still do, whatever its role; on routes with a method other than GET,
+# HEAD and OPTIONS it is refused anyway, unless the route is marked reads_only (api.deps.PermissionCheck).
 READ_SCOPE = frozenset(p for p in Permission if p.value.endswith(":read")) | {Permission.API_SCHEMA}
 
 POLICY: dict[Role, frozenset[Permission]] = {

@@ -37,6 +37,7 @@ from gpufleet.tasks.schemas import TaskOut
 router = APIRouter(tags=["images"])
 Read = Annotated[Principal, allow(Permission.IMAGES_READ)]
 Write = Annotated[Principal, allow(Permission.IMAGES_WRITE)]
+DryRun = Annotated[Principal, allow(Permission.IMAGES_READ, reads_only=True)]  # runs nothing, records nothing
 ImageName = Annotated[str, Field(min_length=1, max_length=63)]
 
 
@@ -212,7 +213,7 @@ def show_image(name: str, _: Read, ctx: Ctx) -> ImageDetail:
 
 
 @router.post("/images/plans")
-def plan_change(body: PlanIn, request: Request, _: Read, ctx: Ctx) -> PlanOut:
+def plan_change(body: PlanIn, request: Request, _: DryRun, ctx: Ctx) -> PlanOut:
     """The programs a create, clone or install would run, checked as the change itself would be;
     nothing runs and nothing is recorded."""
     config = _config(ctx)
@@ -417,7 +418,7 @@ def node_drift(
     runs in the request, with the image_drift_timeout_s timeout). Naming another image or target
     than the node's needs images:write: it has the head's rsync read any place it is told to."""
     if image is not None or target is not None:
-        PermissionCheck(Permission.IMAGES_WRITE)(who)
+        PermissionCheck(Permission.IMAGES_WRITE)(request, who)
     with tx(ctx, readonly=True) as db:
         node = inventory.get_node(db, name)
         (node_plan,) = _plan(db, ctx, [node], image, target)

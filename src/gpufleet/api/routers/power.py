@@ -23,6 +23,7 @@ from gpufleet.tasks.schemas import TaskOut
 
 router = APIRouter(tags=["power"])
 Read = Annotated[Principal, allow(Permission.POWER_READ)]
+DryRun = Annotated[Principal, allow(Permission.POWER_READ, reads_only=True)]  # sends nothing, records nothing
 Write = Annotated[Principal, allow(Permission.POWER_WRITE)]
 
 
@@ -98,7 +99,7 @@ def _plan(db: Session, ctx: HeadContext, action: PowerAction, body: PowerRequest
 
 
 @router.post("/power/plans")
-def plan_power(body: PlanIn, request: Request, _: Read, ctx: Ctx) -> PowerPlanOut:
+def plan_power(body: PlanIn, request: Request, _: DryRun, ctx: Ctx) -> PowerPlanOut:
     """What a power action would do (the CLI's --dry-run): refused exactly as the action would be,
     and otherwise every BMC's request, in order. Nothing is sent to a BMC."""
     request.state.audit_target = f"dry run: power {body.action.value} {body.nodes[:200]}"

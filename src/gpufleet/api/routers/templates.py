@@ -23,6 +23,7 @@ from gpufleet.jobs.templates import Template
 
 router = APIRouter(tags=["templates"])
 Read = Annotated[Principal, allow(Permission.JOBS_READ)]
+Render = Annotated[Principal, allow(Permission.JOBS_READ, reads_only=True)]  # text out, nothing changed
 
 
 class ParamOut(BaseModel):
@@ -104,6 +105,6 @@ def show_template(name: str, _: Read, ctx: Ctx) -> TemplateOut:
 
 
 @router.post("/templates/{name}/render")
-def render_template(name: str, body: RenderIn, _: Read, ctx: Ctx) -> dict[str, Any]:
+def render_template(name: str, body: RenderIn, _: Render, ctx: Ctx) -> dict[str, Any]:
     """The job spec these values give (the fields the template sets), ready for POST /jobs."""
     return _one(ctx, name).render(body.values)
