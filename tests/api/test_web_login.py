@@ -2,6 +2,7 @@
 
 import re
 
+import pytest
 from fastapi.testclient import TestClient
 
 from gpufleet.core.clock import FakeClock
@@ -126,6 +127,31 @@ def test_logout_ends_the_session_on_the_server(client: TestClient) -> None:
     replay.cookies.set("gpufleet_session", secret)
     assert replay.get("/", follow_redirects=False).status_code == 303
     assert replay.get("/api/v1/nodes").status_code == 401
+    assert replay.get("/api/v1/whoami").status_code == 401
+
+
+@pytest.mark.parametrize("form", [{}, {"csrf": "stale or forged"}])
+def test_logout_ends_the_session_on_the_server_without_the_forms_csrf_token(
+    client: TestClient, form: dict[str, str]
+) -> None:
+    _make_user(client)
+    browser = _browser(client)
+    _login(browser, "alice", PASSWORD)
+    secret = browser.cookies["gpufleet_session"]
+    assert browser.get("/api/v1/whoami").status_code == 200
+    answer = browser.post("/logout", data=form, follow_redirects=False)
+    assert (answer.status_code, answer.headers["location"]) == (303, "/login")
+    replay = _browser(client)
+    replay.cookies.set("gpufleet_session", secret)
+    assert replay.get("/api/v1/whoami").status_code == 401
+    assert replay.get("/", follow_redirects=False).headers["location"] == "/login"
+    logouts = [r for r in client.get("/api/v1/audit").json() if r["action"] == "web_login.logout"]
+    assert [r["actor"] for r in logouts] == ["user:alice"]
+
+
+def test_logout_without_a_session_is_harmless(client: TestClient) -> None:
+    answer = _browser(client).post("/logout", follow_redirects=False)
+    assert (answer.status_code, answer.headers["location"]) == (303, "/login")
 
 
 def test_repeated_failures_are_slowed_down_even_with_the_right_password(client: TestClient, clock: FakeClock) -> None:

@@ -8,13 +8,14 @@ down by `auth.throttle`, and every attempt is audited by the audit middleware.
 
 from __future__ import annotations
 
+import contextlib
 import secrets as _secrets
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from gpufleet.api.deps import SESSION_COOKIE, Ctx, tx
+from gpufleet.api.deps import SESSION_COOKIE, Ctx, authenticate, tx
 from gpufleet.api.templates import TEMPLATES
 from gpufleet.auth import service as auth
 from gpufleet.auth import users
@@ -87,10 +88,17 @@ def login(
 
 
 @router.post("/logout")
-def logout(request: Request, ctx: Ctx, csrf: Annotated[str, Form(max_length=128)] = "") -> Response:
-    """End the session on the server, not just in this browser; needs the session's CSRF token."""
+def logout(request: Request, ctx: Ctx) -> Response:
+    """End the session on the server, not just in this browser, whatever the form carries.
+
+    No CSRF token is asked for: the session's cookie (SameSite=Lax, so another site's form cannot send
+    it) is what is ended, and a logout that kept the server's session alive when the form's token was
+    missing or stale left the old cookie value working everywhere. The worst another site could do
+    with it is log the browser out."""
     session_secret = request.cookies.get(SESSION_COOKIE)
-    if session_secret and secrets.same(csrf, auth.csrf_token(session_secret)):
+    if session_secret:
+        with contextlib.suppress(GpufleetError):  # an ended or unknown session: nothing to end, nobody to name
+            request.state.actor = authenticate(ctx, session_secret, web_session=True).actor  # for the audit record
         with tx(ctx) as db:
             auth.end_web_session(db, ctx.clock, session_secret)
     response = RedirectResponse("/login", status_code=303)
