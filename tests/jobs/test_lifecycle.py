@@ -162,11 +162,12 @@ def test_a_failed_rank_fails_the_job_and_stops_the_others(setup: sessionmaker[Se
     assert done.gpu_seconds == pytest.approx(16 * 30)
 
 
-def test_a_report_about_another_nodes_rank_is_ignored(setup: sessionmaker[Session], clock: FakeClock) -> None:
+def test_a_report_about_another_nodes_rank_is_refused(setup: sessionmaker[Session], clock: FakeClock) -> None:
     one = submit(setup, clock)
     tick(setup, clock)
     other = "n2" if ranks(setup, one)[0].node == "n1" else "n1"
-    assert not report(setup, clock, one, node=other)
+    with pytest.raises(Forbidden, match=f"job {one} run 1 rank 0 of node"):
+        report(setup, clock, one, node=other)
     assert job(setup, one).state is JobState.RUNNING
 
 

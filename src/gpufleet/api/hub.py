@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from anyio import CapacityLimiter
 from starlette.websockets import WebSocket
 
-from gpufleet.core.errors import Conflict
+from gpufleet.core.errors import Conflict, Forbidden
 from gpufleet.inventory.liveness import Receipt
 from gpufleet.protocol.messages import CLOSE_REPLACED, Ack, FaultResult
 from gpufleet.protocol.metrics import FaultCommand
@@ -30,6 +30,8 @@ class Channel:
     node_id: int
     name: str
     socket: WebSocket
+    address: str = ""  # the agent's address, for the audit records of what the head refused from it
+    dropped: int = 0  # messages or items the head dropped for out-of-bounds numbers or times
     outbox: asyncio.Queue[str | tuple[int, str]] = field(default_factory=lambda: asyncio.Queue(OUTBOX_LIMIT))
 
     def send(self, text: str) -> None:
@@ -57,7 +59,8 @@ class ChannelHub:
     def __init__(self) -> None:
         self._channels: dict[int, Channel] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._commands: dict[int, asyncio.Future[FaultResult]] = {}
+        # Commands waiting for their answer, by id: the node each was sent to (id, name), the answer's future.
+        self._commands: dict[int, tuple[int, str, asyncio.Future[FaultResult]]] = {}
         self.report_threads: CapacityLimiter | None = None  # set by `bind`, in the serving loop
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -100,14 +103,22 @@ class ChannelHub:
         if channel is None:
             raise Conflict("the node has no open channel to this head (is its agent running?)")
         future: asyncio.Future[FaultResult] = asyncio.get_running_loop().create_future()
-        self._commands[command.id] = future
+        self._commands[command.id] = (node_id, channel.name, future)
         future.add_done_callback(lambda _f: self._commands.pop(command.id, None))
         channel.send(command.model_dump_json())
         return future
 
-    def command_answered(self, result: FaultResult) -> None:
-        future = self._commands.get(result.id)
-        if future is not None and not future.done():
+    def command_answered(self, node_id: int, result: FaultResult) -> None:
+        """Hand node `node_id`'s answer to the command waiting for it. An answer to no waiting command (one
+        that timed out) is dropped. Raises Forbidden, taking nothing, when the command was sent to another
+        node: ids are small and sequential, so any node could name another's."""
+        waiting = self._commands.get(result.id)
+        if waiting is None:
+            return
+        sent_to, name, future = waiting
+        if sent_to != node_id:
+            raise Forbidden(f"fault command {result.id} of node {name}")
+        if not future.done():
             future.set_result(result)
 
     def acknowledge(self, receipts: dict[int, Receipt]) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.core import hostlist
@@ -189,10 +189,12 @@ def report_inventory(session: Session, clock: Clock, node_id: int, inventory: No
 
 
 def apply_inventory(session: Session, clock: Clock, node: Node, inventory: NodeInventory) -> bool:
-    """Store a reported inventory, replacing the GPU list. Returns False when nothing changed."""
+    """Store a reported inventory, replacing the GPU list. Returns False when nothing changed. Raises
+    Conflict, storing nothing, when it claims what another live node has (`refuse_claims`)."""
     fingerprint = inventory.fingerprint()
     if node.inventory_fingerprint == fingerprint:
         return False
+    refuse_claims(session, node, inventory)
     node.hostname = inventory.hostname
     node.cpus = inventory.cpus
     node.cpu_model = inventory.cpu_model
@@ -210,6 +212,38 @@ def apply_inventory(session: Session, clock: Clock, node: Node, inventory: NodeI
     node.gpus.extend(Gpu(**gpu.model_dump()) for gpu in inventory.gpus)
     session.flush()
     return True
+
+
+def refuse_claims(session: Session, node: Node, inventory: NodeInventory) -> None:
+    """Raise Conflict if `inventory` claims a GPU or a hostname of another node that is up.
+
+    A GPU UUID is one physical GPU, in one node at a time; a hostname is one machine. A node that is up
+    holds its own: an inventory naming one of them is another agent's mistake or a lie, and storing it
+    would put one GPU in two nodes' records (its metrics, events and jobs attributed to either). A node
+    that is down or new does not hold them: a card moved into another chassis, or a machine reinstalled
+    under a new name, is reported by its new node. The hostname is compared case-insensitively with the
+    other nodes' hostnames and names, and its first label with their names (`gpu001.cluster` is node
+    `gpu001`'s)."""
+    others_up = (Node.id != node.id) & (Node.state == NodeState.UP)
+    uuids = [gpu.uuid for gpu in inventory.gpus]
+    if uuids:
+        held = session.execute(
+            select(Gpu.uuid, Node.name).join(Node, Node.id == Gpu.node_id).where(others_up, Gpu.uuid.in_(uuids))
+        ).first()
+        if held is not None:
+            raise Conflict(f"inventory refused: GPU {held[0]} is in node {held[1]}, which is up; a GPU is in one node")
+    hostname = inventory.hostname.lower()
+    short = hostname.split(".", 1)[0]
+    clash = session.scalar(
+        select(Node.name)
+        .where(
+            others_up,
+            (func.lower(Node.hostname) == hostname) | func.lower(Node.name).in_({hostname, short}),
+        )
+        .limit(1)
+    )
+    if clash is not None:
+        raise Conflict(f"inventory refused: hostname {inventory.hostname} is node {clash}'s, which is up")
 
 
 def transition(session: Session, clock: Clock, node_id: int, src: NodeState, dst: NodeState, reason: str) -> bool:

@@ -208,12 +208,14 @@ def fail_run(session: Session, clock: Clock, job: Job, reason: str, max_requeues
 
 
 def rank_update(session: Session, clock: Clock, node_id: int, update: JobUpdate, max_requeues: int) -> bool:
-    """Record an agent's report on one of its ranks. Returns whether it was recorded (a report about a rank
-    this node does not hold is ignored: a node may speak only for its own ranks)."""
+    """Record an agent's report on one of its ranks. Returns whether it was recorded: a report about a rank
+    the head has no record of (its job removed, its node removed since) is ignored. Raises Forbidden, changing
+    nothing, for a rank another node holds: a node speaks only for its own ranks."""
     if not lock_jobs(session, [update.job_id]):
         return False
     rank = _rank(session, node_id, update)
     if rank is None:
+        refuse_foreign(session, node_id, [update])
         return False
     now = clock.now()
     if update.state == "running":
@@ -275,16 +277,46 @@ def _rank(session: Session, node_id: int, ref: RankRef) -> JobRank | None:
     )
 
 
+def foreign_ranks(session: Session, node_id: int, refs: Iterable[RankRef]) -> dict[tuple[int, int, int], str]:
+    """Which of `refs` (job, run, rank) another node holds, with that node's name. A rank whose node was
+    removed (node_id NULL) is no one's: the head has no live record of it, and says so to whoever holds it."""
+    wanted = {(r.job_id, r.run, r.rank) for r in refs}
+    found: dict[tuple[int, int, int], str] = {}
+    job_ids = sorted({key[0] for key in wanted})
+    for start in range(0, len(job_ids), _LOCK_BATCH):
+        rows = session.execute(
+            select(JobRank.job_id, JobRank.run, JobRank.rank, JobRank.node).where(
+                JobRank.job_id.in_(job_ids[start : start + _LOCK_BATCH]),
+                JobRank.node_id.is_not(None),
+                JobRank.node_id != node_id,
+            )
+        )
+        found.update({(j, run, rank): node for j, run, rank, node in rows if (j, run, rank) in wanted})
+    return found
+
+
+def refuse_foreign(session: Session, node_id: int, refs: Iterable[RankRef]) -> None:
+    """Raise Forbidden naming the first of `refs` that another node holds; nothing if none is."""
+    foreign = foreign_ranks(session, node_id, refs)
+    if foreign:
+        (job_id, run, rank), node = min(foreign.items())
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise Forbidden(f"job {job_id} run {run} rank {rank} of node {node}{more}")
+
+
 def ranks_held(
     session: Session, clock: Clock, node_id: int, held: Iterable[RankRef], max_requeues: int
 ) -> list[RankRef]:
-    """Reconcile with the ranks an agent says it holds (sent after every connect).
+    """Reconcile with the ranks an agent says it holds (sent after every connect). Raises Forbidden, changing
+    nothing, if it claims a rank another node holds.
 
     A rank the head thinks runs there but the agent does not hold is gone (the agent or node restarted):
     it exits as `lost`, and its job is requeued or ends node_fail. A rank the agent holds that should not
     run (its job ended, or it belongs to an old run) is told to stop. Returns the ranks the agent holds
     that the head has no live record of here (ended, or unknown): the caller tells the agent to stop them.
     """
+    held = list(held)
+    refuse_foreign(session, node_id, held)
     held_keys = {(r.job_id, r.run, r.rank) for r in held}
     live = (JobRank.node_id == node_id) & (JobRank.state != RankState.EXITED)
     lock_jobs(session, session.scalars(select(JobRank.job_id).where(live)))

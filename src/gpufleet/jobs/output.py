@@ -21,9 +21,31 @@ TRUNCATED = "\n[gpufleet: output truncated on the head at {limit} characters; th
 MAX_PAGE = 1000
 
 
+def foreign(session: Session, chunks: Sequence[tuple[int, JobOutput]]) -> list[tuple[int, JobOutput, str]]:
+    """The (node id, chunk) pairs about a rank another node holds, each with that node's name: `store` drops
+    them, and the caller records who tried."""
+    job_ids = {c.job_id for _, c in chunks}
+    if not job_ids:
+        return []
+    owners = {
+        (job_id, run, rank): (node_id, node)
+        for job_id, run, rank, node_id, node in session.execute(
+            select(JobRank.job_id, JobRank.run, JobRank.rank, JobRank.node_id, JobRank.node).where(
+                JobRank.job_id.in_(job_ids), JobRank.node_id.is_not(None)
+            )
+        )
+    }
+    found = []
+    for node_id, chunk in chunks:
+        owner = owners.get((chunk.job_id, chunk.run, chunk.rank))
+        if owner is not None and owner[0] != node_id:
+            found.append((node_id, chunk, owner[1]))
+    return found
+
+
 def store(session: Session, clock: Clock, chunks: Sequence[tuple[int, JobOutput]], max_chars: int) -> int:
     """Store (node id, chunk) pairs from the agents. Chunks about ranks the node does not hold are
-    dropped. Returns how many were stored."""
+    dropped (`foreign` says which of them another node holds). Returns how many were stored."""
     if not chunks:
         return 0
     at = to_datetime(clock.now())

@@ -24,7 +24,7 @@ MAX_KEYS_PER_ACCOUNT = 64
 class Account(BaseModel):
     """One cluster user's POSIX account: the same uid and gid on every node."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     username: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     full_name: Annotated[str, StringConstraints(max_length=256)] = ""
@@ -50,7 +50,7 @@ def accounts_version(accounts: list[Account]) -> str:
 class AccountList(BaseModel):
     """Every account gpufleet manages on the nodes, enabled or not, and a version of the whole list."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     accounts: list[Account] = Field(default_factory=list, max_length=MAX_ACCOUNTS)
     version: Annotated[str, StringConstraints(min_length=1, max_length=128)]

@@ -18,6 +18,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from gpufleet.protocol.bounds import MAX_INT64
+
 ArtifactKind = Literal["model", "dataset"]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 MAX_STAGED = 8  # artifacts one job may name: a model and a few datasets
@@ -32,13 +34,13 @@ class ArtifactError(Exception):
 class StageRef(BaseModel):
     """One artifact a rank needs on its node: where to get it and what it must hash to."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     kind: ArtifactKind
     name: Annotated[str, StringConstraints(max_length=63)]
     version: Annotated[str, StringConstraints(max_length=32)]
     sha256: Sha256
-    size_bytes: int = Field(ge=0)
+    size_bytes: int = Field(ge=0, le=MAX_INT64)
     source: Annotated[str, StringConstraints(max_length=1024)]  # an absolute path, file:// or http(s):// URI
 
     @property
@@ -47,10 +49,10 @@ class StageRef(BaseModel):
 
 
 class CacheEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     sha256: Sha256
-    size_bytes: int = Field(ge=0)
+    size_bytes: int = Field(ge=0, le=MAX_INT64)
     copied_at: float  # epoch seconds: when it was copied in (unchanged while it is reused)
     last_used_at: float
     uses: int = Field(ge=0, le=2**31 - 1)  # ranks that used it since it was copied
@@ -59,10 +61,10 @@ class CacheEntry(BaseModel):
 class NodeCache(BaseModel):
     """agent -> head, after each welcome and each change: every artifact the node's cache holds."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["node_cache"] = "node_cache"
-    limit_bytes: int = Field(ge=0)
+    limit_bytes: int = Field(ge=0, le=MAX_INT64)
     entries: list[CacheEntry] = Field(default_factory=list, max_length=MAX_CACHE_ENTRIES)
 
 

@@ -7,9 +7,11 @@ the head rejects anything outside them with a 422 and stores nothing.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from gpufleet.protocol.bounds import replace_nul
 
 ShortText = Annotated[str, StringConstraints(max_length=256, strip_whitespace=True)]
 Mode = Literal["enabled", "disabled"]
@@ -21,7 +23,7 @@ GpuSource = Literal["nvml", "nvidia-smi", "simulated", "none"]
 class GpuInfo(BaseModel):
     """One GPU as the driver describes it. Optional fields are None where the GPU or driver lacks them."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     index: int = Field(ge=0, lt=MAX_GPUS_PER_NODE)
     uuid: Annotated[str, StringConstraints(min_length=1, max_length=96)]
@@ -41,7 +43,7 @@ class GpuInfo(BaseModel):
 class NodeInventory(BaseModel):
     """The inventory an agent sends on joining and again whenever it changes."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     hostname: Annotated[str, StringConstraints(min_length=1, max_length=253)]
     cpus: int = Field(ge=0, le=65_536)
@@ -53,6 +55,11 @@ class NodeInventory(BaseModel):
     agent_version: ShortText | None = None
     gpu_source: GpuSource = "none"
     gpus: list[GpuInfo] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        return replace_nul(data)  # stored whole: PostgreSQL's text holds no NUL (protocol.bounds)
 
     @model_validator(mode="after")
     def _unique_gpus(self) -> NodeInventory:

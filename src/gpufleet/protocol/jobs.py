@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from gpufleet.protocol.artifacts import MAX_STAGED, StageRef
+from gpufleet.protocol.bounds import MAX_INT64
 
 MAX_ARGV = 256
 MAX_ARG_CHARS = 4096
@@ -36,10 +37,10 @@ EnvValue = Annotated[str, StringConstraints(max_length=MAX_ARG_CHARS)]
 
 
 class RankRef(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     # Bounded like the database's columns: an agent's report must never overflow one.
-    job_id: int = Field(ge=1, le=2**63 - 1)
+    job_id: int = Field(ge=1, le=MAX_INT64)
     run: int = Field(ge=1, le=2**31 - 1)
     rank: int = Field(ge=0, le=4095)
 
@@ -61,7 +62,7 @@ class JobStart(RankRef):
     gpu_indexes: list[int] = Field(default_factory=list, max_length=64)
     gpu_uuids: list[Annotated[str, StringConstraints(max_length=96)]] = Field(default_factory=list, max_length=64)
     cpus: int = Field(default=0, ge=0, le=4096)  # 0: no CPU limit
-    mem_mib: int = Field(default=0, ge=0)  # 0: no memory limit
+    mem_mib: int = Field(default=0, ge=0, le=MAX_INT64)  # 0: no memory limit
     time_limit_s: float = Field(gt=0)
     master_addr: Annotated[str, StringConstraints(max_length=255)] = ""
     master_port: int = Field(default=29500, ge=1, le=65535)
@@ -96,7 +97,7 @@ class JobOutput(RankRef):
 
 
 class JobHeld(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["job_held"] = "job_held"
     ranks: list[RankRef] = Field(default_factory=list, max_length=1024)

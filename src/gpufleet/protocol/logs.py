@@ -14,7 +14,7 @@ MAX_RECORDS_PER_MESSAGE = 512
 
 
 class LogLine(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ts: float  # the line's own time when it says one, else when the agent read it
     source: Annotated[str, StringConstraints(max_length=128)]
@@ -29,7 +29,7 @@ class LogLine(BaseModel):
 
 
 class LogLines(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["logs"] = "logs"
     lines: list[LogLine] = Field(min_length=1, max_length=MAX_RECORDS_PER_MESSAGE)

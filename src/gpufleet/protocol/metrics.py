@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from gpufleet.protocol.bounds import MAX_INT64
+
 MetricName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 EntityName = Annotated[str, StringConstraints(pattern=r"^(host|gpu:\d{1,3}|disk:/\S{0,200}|nic:\S{1,64}|ib:\S{1,64})$")]
 MAX_ENTITIES_PER_SAMPLE = 512
@@ -94,7 +96,7 @@ IB_METRICS: dict[str, str] = {
 
 
 class EntityValues(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     entity: EntityName
     values: dict[MetricName, float] = Field(max_length=MAX_METRICS_PER_ENTITY)
@@ -110,7 +112,7 @@ class CheckResult(BaseModel):
     `status`: 0 pass, 1 fail (the node is `failed` and drained), 2 warn (`degraded`); a check that
     cannot run or times out reports 2 with the reason, so a broken script never drains a fleet."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: CheckName
     status: Literal[0, 1, 2]
@@ -131,7 +133,7 @@ class GpuJob(BaseModel):
     """A job of the node's workload manager (Slurm) holding one of its GPUs, as the job's prolog wrote
     it down (agent.slurm.mapping). A GPU shared by several jobs appears once per job."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     gpu: int = Field(ge=0, le=255, description="the GPU's index, as in `gpu:<index>`")
     job: JobId
@@ -142,7 +144,7 @@ class GpuJob(BaseModel):
 class Sample(BaseModel):
     """One collection round on one node."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ts: float = Field(description="Unix time the round started")
     entities: list[EntityValues] = Field(max_length=MAX_ENTITIES_PER_SAMPLE)
@@ -159,7 +161,7 @@ XidAction = Literal["ignore", "warn", "drain", "reset_gpu", "reboot"]
 class NodeEvent(BaseModel):
     """Something that happened on a node, sent at once rather than with the next sample."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ts: float
     kind: EventKind
@@ -181,10 +183,10 @@ FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 class FaultCommand(BaseModel):
     """Head to agent: inject a fault (`heal`: undo every injected fault on the node)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["fault"] = "fault"
-    id: int
+    id: int = Field(ge=0, le=MAX_INT64)
     action: Literal["inject", "heal"]
     kind: FaultKind | None = None
     gpu: int | None = Field(default=None, ge=0, le=255)

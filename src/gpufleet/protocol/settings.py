@@ -43,7 +43,7 @@ class NodeSettingValues(BaseModel):
     """Every setting with its default. A category's or a node's stored settings hold only the keys
     set there; the rest come from the level below."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     software_image: Name | None = Field(None, description="the software image the node runs; image sync uses it")
     sync_target: Line = Field(

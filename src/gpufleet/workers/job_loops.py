@@ -26,13 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from gpufleet.auth import audit
 from gpufleet.core.clock import Clock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import Unavailable
 from gpufleet.core.loops import run_periodic
+from gpufleet.inventory.models import Node
 from gpufleet.jobs import artifacts, dispatch, inference, lifecycle, output, submission
 from gpufleet.jobs.scheduler import Policy
 from gpufleet.jobs.slurm.sync import SlurmSync, SyncResult
@@ -74,6 +77,30 @@ def tick_settings(settings: Settings) -> TickSettings:
         half_life_s=settings.fair_share_half_life_s,
         max_requeues=settings.job_max_requeues,
     )
+
+
+def _audit_foreign_output(session: Session, clock: Clock, refused: list[tuple[int, JobOutput, str]]) -> None:
+    """One audit record per node that sent output for ranks other nodes hold (dropped by `output.store`):
+    the same refusal as a report on another node's rank, which closes the channel (api.routers.agent).
+    Only the first few ranks are named: the record's target is short, and one is proof enough."""
+    if not refused:
+        return
+    by_node: dict[int, list[str]] = {}
+    for node_id, chunk, owner in refused:
+        by_node.setdefault(node_id, []).append(f"job {chunk.job_id} run {chunk.run} rank {chunk.rank} of node {owner}")
+    names: dict[int, str] = dict(session.execute(select(Node.id, Node.name).where(Node.id.in_(by_node))).tuples())
+    for node_id, ranks in by_node.items():
+        named = ", ".join(dict.fromkeys(ranks))
+        audit.record(
+            session,
+            clock,
+            actor=f"node:{names.get(node_id, node_id)}",
+            action="agent.channel.job_output",
+            target=f"{len(ranks)} output chunk(s) for {named}",
+            source="agent channel",
+            result=403,
+        )
+        log.warning("node %s sent output for another node's rank: %s; dropped", names.get(node_id, node_id), named)
 
 
 @dataclass
@@ -180,6 +207,7 @@ class JobLoops:
             return 0
         try:
             with transaction(self.sessions) as session:
+                _audit_foreign_output(session, self.clock, output.foreign(session, pending))
                 return output.store(session, self.clock, pending, self.settings.job_output_max_chars)
         except Unavailable:
             with self._lock:  # the database is away: keep the chunks for the next flush

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Annotated
+from collections.abc import Callable, Iterable
+from typing import Annotated, TypeVar
 
 from anyio import to_thread
 from fastapi import APIRouter, Header, Request, Response, WebSocket, WebSocketDisconnect
@@ -16,13 +17,15 @@ from gpufleet.api.deps import Ctx, allow, authenticate, bearer_token, tx
 from gpufleet.api.hub import Channel
 from gpufleet.assets import store as assets_store
 from gpufleet.assets.records import Distro, Installed
+from gpufleet.auth import audit, users
 from gpufleet.auth import service as auth
-from gpufleet.auth import users
 from gpufleet.auth.models import TokenKind
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import (
+    Conflict,
+    Forbidden,
     GpufleetError,
     InvalidInput,
     NotFound,
@@ -35,16 +38,21 @@ from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
 from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.artifacts import NodeCache
+from gpufleet.protocol.bounds import plausible_time, without_nul
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.jobs import JobAck, JobCancel, JobHeld, JobOutput, JobUpdate
 from gpufleet.protocol.logs import LogLines
 from gpufleet.protocol.messages import (
     CLOSE_BAD_MESSAGE,
+    CLOSE_FORBIDDEN,
     CLOSE_TOO_LARGE,
     CLOSE_TRY_AGAIN,
     CLOSE_UNAUTHORIZED,
+    CLOSE_UNSUPPORTED_DATA,
     MAX_CHANNEL_MESSAGE_BYTES,
     MAX_INVENTORY_BYTES,
+    VALUE_ERRORS,
+    AnyAgentMessage,
     Events,
     FaultResult,
     Heartbeat,
@@ -66,6 +74,10 @@ RECORD_TRIES = 3  # attempts at a report the database refused for a moment, RECO
 RECORD_RETRY_S = 0.2
 Report = JobOutput | JobUpdate | JobHeld | NodeCache  # what a node sends about its jobs and its cache
 Reports = asyncio.Queue[JobUpdate | JobHeld | NodeCache]
+# What a node is told when it answered or reported for another node's command or rank; the audit record
+# says which (the node is not told whose: it has no business knowing).
+REFUSED = "refused: a message about another node's command or job; recorded in the audit log"
+T = TypeVar("T")
 
 
 @router.post("/join")
@@ -78,7 +90,11 @@ def join(body: JoinRequest, request: Request, ctx: Ctx) -> JoinResponse:
         request.state.actor = f"join-token#{spent.id}"
         node = inventory.join(db, ctx.clock, body.name)
         if body.inventory is not None:
-            inventory.apply_inventory(db, ctx.clock, node, body.inventory)
+            try:
+                inventory.apply_inventory(db, ctx.clock, node, body.inventory)
+            except Conflict as exc:  # another live node's GPU or hostname: the audit record says whose
+                request.state.audit_target = f"{body.name}: {exc}"
+                raise
         credential = auth.issue_node_credential(db, ctx.clock, node.id, node.name)
     return JoinResponse(
         node_id=node.id,
@@ -109,6 +125,9 @@ async def put_inventory(
                 inventory.report_inventory(session, ctx.clock, caller.node_id, report)
         except NotFound:
             raise Unauthorized("node no longer exists") from None
+        except Conflict as exc:  # another live node's GPU or hostname: the audit record says whose
+            request.state.audit_target = str(exc)
+            raise
 
     await to_thread.run_sync(store)
 
@@ -162,7 +181,7 @@ async def channel(ws: WebSocket) -> None:
     except GpufleetError as exc:
         await ws.close(code=CLOSE_UNAUTHORIZED, reason=str(exc)[:120])
         return
-    chan = Channel(node_id=node_id, name=name, socket=ws)
+    chan = Channel(node_id=node_id, name=name, socket=ws, address=ws.client.host if ws.client else "")
     writer = asyncio.create_task(chan.write_forever())
     reports: Reports = asyncio.Queue(REPORTS_LIMIT)
     worker = asyncio.create_task(_record_forever(ctx, chan, reports))
@@ -201,21 +220,28 @@ async def _serve(
     report) goes to the channel's `reports` queue, in order, for `_record_forever`; all of these the agent
     sends again after a reconnect until acknowledged. A read loop that awaited a write
     stopped reading this node's heartbeats for as long as the write queued behind a join storm's
-    inventories (seconds), and a live node was marked down with its heartbeats sitting unread."""
+    inventories (seconds), and a live node was marked down with its heartbeats sitting unread.
+
+    What the head stores is checked here, at the edge (protocol.bounds): a message with a number out of
+    bounds is dropped whole, an item with an implausible time alone, and the channel stays open; so no
+    batch write of samples or lines can fail on what one node sent."""
     interval: float | None = None
     while True:
         timeout = HELLO_TIMEOUT_S if interval is None else max(interval * 10, HELLO_TIMEOUT_S)
         # asyncio.timeout, not wait_for: no task and future per message at 1,000 messages a second.
         async with asyncio.timeout(timeout):
-            text = await ws.receive_text()
-        if len(text) > MAX_CHANNEL_MESSAGE_BYTES:
-            return CLOSE_TOO_LARGE, "message too large"
-        try:
-            message = agent_message_adapter.validate_json(text)
-        except ValidationError as exc:
-            return CLOSE_BAD_MESSAGE, f"malformed message: {describe(exc)}"
+            text = await _receive_text(ws)
+        message = _parse(chan, text)
+        if message is None:
+            continue  # dropped: a number out of bounds
+        if isinstance(message, tuple):
+            return message
         if isinstance(message, FaultResult):  # may come before hello: a simulated crashed node says none
-            ctx.hub.command_answered(message)
+            try:
+                ctx.hub.command_answered(chan.node_id, message)
+            except Forbidden as exc:
+                await _refused(ctx, chan, message.type, str(exc))
+                return CLOSE_FORBIDDEN, REFUSED
         elif isinstance(message, Hello):
             interval = message.heartbeat_interval_s
             wanted = message.inventory_fingerprint is None or message.inventory_fingerprint != fingerprint
@@ -223,18 +249,100 @@ async def _serve(
             ctx.loops.book.record(chan.node_id, ctx.clock.now(), interval, 0)
         elif interval is None:
             return CLOSE_BAD_MESSAGE, f"{message.type} before hello"
-        elif isinstance(message, Heartbeat):
-            ctx.loops.book.record(chan.node_id, ctx.clock.now(), interval, message.seq)
-        elif isinstance(message, Metrics):
-            ctx.monitoring.ingest(chan.node_id, message.samples)
-        elif isinstance(message, Events):
-            ctx.monitoring.events(chan.node_id, message.events)
-        elif isinstance(message, LogLines):
-            ctx.monitoring.log_lines(chan.node_id, message.lines)
-        elif isinstance(message, JobOutput | JobUpdate | JobHeld | NodeCache) and not _take(
-            ctx, chan, message, reports
-        ):
+        elif not _handle(ctx, chan, message, interval, reports):
             return CLOSE_TRY_AGAIN, f"head busy: {REPORTS_LIMIT} reports wait to be recorded; reconnect"
+
+
+def _parse(chan: Channel, text: str | None) -> AnyAgentMessage | tuple[int, str] | None:
+    """The message in a frame; a close code and reason for a frame that is not one; None for a message
+    dropped for a number out of bounds (the channel stays open)."""
+    if text is None:
+        return CLOSE_UNSUPPORTED_DATA, "binary frame: the agent channel carries JSON in text frames"
+    if len(text) > MAX_CHANNEL_MESSAGE_BYTES:
+        return CLOSE_TOO_LARGE, "message too large"
+    try:
+        return agent_message_adapter.validate_json(without_nul(text))
+    except ValidationError as exc:
+        if not _out_of_bounds_only(exc):
+            return CLOSE_BAD_MESSAGE, f"malformed message: {describe(exc)}"
+        _dropped(chan, f"a message with a number out of bounds: {describe(exc)}")
+        return None
+
+
+def _handle(ctx: Ctx, chan: Channel, message: AnyAgentMessage, interval: float, reports: Reports) -> bool:
+    """Hand a message after the hello on, keeping only the items whose times the head stores. False when
+    `reports` is full (the agent is asked to reconnect)."""
+    now = ctx.clock.now()
+    if isinstance(message, Heartbeat):
+        ctx.loops.book.record(chan.node_id, now, interval, message.seq)
+    elif isinstance(message, Metrics):
+        if samples := _in_time(chan, message.samples, lambda s: (s.ts,), now, "sample"):
+            ctx.monitoring.ingest(chan.node_id, samples)
+    elif isinstance(message, Events):
+        if events := _in_time(chan, message.events, lambda e: (e.ts,), now, "event"):
+            ctx.monitoring.events(chan.node_id, events)
+    elif isinstance(message, LogLines):
+        if lines := _in_time(chan, message.lines, lambda line: (line.ts,), now, "log line"):
+            ctx.monitoring.log_lines(chan.node_id, lines)
+    elif isinstance(message, NodeCache):
+        entries = _in_time(chan, message.entries, lambda e: (e.copied_at, e.last_used_at), now, "cache entry")
+        return _take(ctx, chan, message.model_copy(update={"entries": entries}), reports)
+    elif isinstance(message, JobOutput | JobUpdate | JobHeld):
+        return _take(ctx, chan, message, reports)
+    return True
+
+
+async def _receive_text(ws: WebSocket) -> str | None:
+    """The next frame's text; None for a binary frame. Raises WebSocketDisconnect once the agent went."""
+    frame = await ws.receive()
+    if frame["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(frame.get("code", 1000), frame.get("reason"))
+    text = frame.get("text")
+    return text if isinstance(text, str) else None
+
+
+def _out_of_bounds_only(exc: ValidationError) -> bool:
+    """Whether a message failed only on numbers out of bounds (protocol.messages.VALUE_ERRORS), and is not
+    a hello: a channel opens only on a valid hello."""
+    errors = exc.errors()
+    return all(e["type"] in VALUE_ERRORS and e["loc"][:1] != ("hello",) for e in errors)
+
+
+def _in_time(chan: Channel, items: list[T], times: Callable[[T], Iterable[float]], now: float, what: str) -> list[T]:
+    """The items whose times the head stores (protocol.bounds.plausible_time); the others are dropped."""
+    kept = [item for item in items if all(plausible_time(ts, now) for ts in times(item))]
+    if len(kept) < len(items):
+        _dropped(chan, f"{len(items) - len(kept)} {what}(s) timed before 2000 or over a day ahead of the head")
+    return kept
+
+
+def _dropped(chan: Channel, what: str) -> None:
+    """Count a drop; say so once per channel (a node sending nothing else would flood the log)."""
+    chan.dropped += 1
+    level = logging.WARNING if chan.dropped == 1 else logging.DEBUG
+    log.log(level, "node %s: dropped %s (further drops on this channel are logged at debug level)", chan.name, what)
+
+
+async def _refused(ctx: Ctx, chan: Channel, message_type: str, target: str) -> None:
+    """Record in the audit log that node `chan` sent a `message_type` about another node's `target`."""
+    log.warning("node %s sent %s about %s: refused, closing its channel", chan.name, message_type, target)
+
+    def write() -> None:
+        with transaction(ctx.sessions) as session:
+            audit.record(
+                session,
+                ctx.clock,
+                actor=f"node:{chan.name}",
+                action=f"agent.channel.{message_type}",
+                target=target,
+                source=chan.address,
+                result=403,
+            )
+
+    try:
+        await to_thread.run_sync(write)
+    except Exception:  # the refusal stands; losing its record must be loud, not fatal
+        log.exception("could not write the audit record of node %s's refused %s", chan.name, message_type)
 
 
 def _take(ctx: Ctx, chan: Channel, message: Report, reports: Reports) -> bool:
@@ -269,6 +377,10 @@ async def _record_forever(ctx: Ctx, chan: Channel, reports: Reports) -> None:
                     if attempt == RECORD_TRIES - 1:
                         raise
                     await asyncio.sleep(RECORD_RETRY_S * 2**attempt)
+        except Forbidden as exc:  # about another node's rank: nothing was recorded
+            await _refused(ctx, chan, message.type, str(exc))
+            chan.close(CLOSE_FORBIDDEN, REFUSED)
+            return
         except GpufleetError as exc:
             log.warning("node %s: closing its channel: %s", chan.name, exc)
             chan.close(CLOSE_TRY_AGAIN, f"head busy, reconnect: {exc}"[:120])
