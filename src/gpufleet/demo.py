@@ -3,12 +3,16 @@
 The data directory is kept between runs: the same database, the same admin token and web password
 (kept in 0600 files so they can be printed again) and the same node credentials, so a second run
 just resumes.
+
+The terminal shows the banner and the head's events (nodes up and down, jobs placed, health); the
+access log, a line per agent channel and per request, goes to DATA_DIR/access.log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets as _secrets
 from collections.abc import Callable
@@ -16,12 +20,13 @@ from pathlib import Path
 
 import httpx
 import typer
+import uvicorn
 
 from gpufleet.api.server import prepare
 from gpufleet.cli.state import CliState
 from gpufleet.client import raise_for
-from gpufleet.core import gc_tuning, secrets
-from gpufleet.core.config import default_client_file, load_settings, write_client_file
+from gpufleet.core import gc_tuning, logs, secrets
+from gpufleet.core.config import Settings, default_client_file, load_settings, write_client_file
 from gpufleet.core.errors import ConfigError
 from gpufleet.sim.runner import SimOptions, Simulation
 
@@ -106,6 +111,25 @@ async def _sample_jobs(url: str, token: str, nodes: int, gpus_per_node: int) -> 
 
 
 _ALL_STATES = ("pending", "running", "completed", "failed", "cancelled", "timeout", "node_fail")
+ACCESS_LOG = "access.log"
+# Off the terminal below WARNING: the simulated agents' routine lines (joined, reconnecting) repeat what the
+# head reports about the same nodes; httpx logs every request the agents and the sample jobs make, alembic
+# every migration.
+_CHATTY = ("gpufleet.agent", "gpufleet.sim", "httpx", "alembic")
+
+
+def demo_server(settings: Settings) -> uvicorn.Server:
+    """The demo's head, its logging set up: the access log where `access_log` says (the demo's own
+    settings put it in DATA_DIR/access.log), off the terminal. Unless a log level was asked for
+    (GPUFLEET_LOG_LEVEL, a config file), uvicorn's own start and stop lines (the banner says where the
+    head serves) and the `_CHATTY` ones stay off the terminal too."""
+    logs.configure(settings.log_level)
+    chosen = "log_level" in settings.model_fields_set
+    if not chosen:
+        for name in _CHATTY:
+            logging.getLogger(name).setLevel(logging.WARNING)
+    server, _ = prepare(settings, uvicorn_level=None if chosen else "WARNING")
+    return server
 
 
 def run_demo(cli: CliState, data_dir: Path, listen: str, nodes: int, gpus_per_node: int) -> None:
@@ -113,10 +137,16 @@ def run_demo(cli: CliState, data_dir: Path, listen: str, nodes: int, gpus_per_no
     password = _kept_secret(data_dir, "admin-password", lambda: _secrets.token_urlsafe(12))
     # The demo always runs on its own SQLite file, whatever GPUFLEET_DATABASE_URL or a config file says.
     database_url = f"sqlite:///{data_dir / 'gpufleet.db'}"
-    settings = cli.settings(data_dir=data_dir, listen=listen, bootstrap_token=token, database_url=database_url)
+    settings = cli.settings(
+        data_dir=data_dir,
+        listen=listen,
+        bootstrap_token=token,
+        database_url=database_url,
+        access_log=str(data_dir / ACCESS_LOG),
+    )
     host, port = settings.listen_host_port()
     url = f"http://{host}:{port}"
-    server, _ = prepare(settings)
+    server = demo_server(settings)
 
     async def main() -> None:
         serving = asyncio.create_task(server.serve())
@@ -140,7 +170,7 @@ def run_demo(cli: CliState, data_dir: Path, listen: str, nodes: int, gpus_per_no
             f"\ngpufleet demo is running: {nodes} simulated nodes x {gpus_per_node} H200\n"
             f"  dashboard   : {url}/  (user admin, password {password})\n"
             f"  admin token : {token}\n"
-            f"  data dir    : {data_dir}\n"
+            f"  data dir    : {data_dir} (access log: {ACCESS_LOG})\n"
             f"  CLI         : {saved}\n"
             f"  try         : .venv/bin/gpufleet node list\n"
             f"Press Ctrl-C to stop.\n"

@@ -47,11 +47,17 @@ def server(
         str | None,
         typer.Option(help="HOST:PORT where a channel process serves the agents (env GPUFLEET_AGENT_LISTEN)"),
     ] = None,
+    access_log: Annotated[
+        str | None,
+        typer.Option(help="access log: - (stderr), a file, or off (env GPUFLEET_ACCESS_LOG)"),
+    ] = None,
 ) -> None:
     """Run the head node: API, agent channels, liveness. HTTPS once `gpufleet server init` has run."""
     if ctx.invoked_subcommand is not None:
         return
-    settings = state(ctx).settings(data_dir=data_dir, listen=listen, workers=workers, agent_listen=agent_listen)
+    settings = state(ctx).settings(
+        data_dir=data_dir, listen=listen, workers=workers, agent_listen=agent_listen, access_log=access_log
+    )
     logs.configure(settings.log_level)
     from gpufleet.api.server import run
 

@@ -20,7 +20,7 @@ def test_the_demo_runs_sample_jobs(tmp_path: Path) -> None:
     log = (tmp_path / "demo.log").open("wb")
     proc = subprocess.Popen(
         [*GPUFLEET, "demo", "--data-dir", str(data), "--listen", f"127.0.0.1:{port}", "--nodes", "4"],
-        env=base_env(tmp_path),
+        env={k: v for k, v in base_env(tmp_path).items() if k != "GPUFLEET_LOG_LEVEL"},  # INFO, as `make demo`
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -51,4 +51,11 @@ def test_the_demo_runs_sample_jobs(tmp_path: Path) -> None:
         wait_for(lambda: any(j["reason"].startswith("quota") for j in jobs()), 30, interval=0.5)
     finally:
         stop(proc, signal.SIGINT)
-    assert "gpufleet demo stopped" in (tmp_path / "demo.log").read_text()
+    terminal = (tmp_path / "demo.log").read_text()
+    assert "gpufleet demo is running" in terminal
+    assert "gpufleet demo stopped" in terminal
+    # The terminal shows the banner and the head's events; a line per agent channel goes to the access log.
+    for access_line in ("WebSocket /api/v1/agent/channel", "connection open", "HTTP/1.1"):
+        assert access_line not in terminal
+        assert access_line in (data / "access.log").read_text()
+    assert "node sim001 is up" in terminal

@@ -6,6 +6,10 @@ processes and starts a new one when one dies. Each is a full head replica: the k
 channels and the API's connections over them, each flushes its own nodes' heartbeats, and the
 leadership lease lets exactly one run the singleton loops (the sweep, the scheduler, the roll-ups).
 
+The access log (a line per HTTP request and per WebSocket opened or closed: every agent's channel) goes
+to stderr, to a file, or nowhere (the `access_log` setting); uvicorn's other records go to stderr in
+gpufleet's format (`log_config`).
+
 With `agent_listen` the time-critical path gets a process of its own: one channel process serves the
 agents on that address (their channels, heartbeat flush, the sweep, health verdicts) and `workers` API
 processes serve `listen`, all on the one database (SQLite too, with one API process), so API load
@@ -20,6 +24,7 @@ import logging
 import os
 import socket
 import ssl
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -44,18 +49,79 @@ from gpufleet.workers.head_loops import Role
 
 log = logging.getLogger(__name__)
 API_NICENESS = 10  # added to the API processes' nice value where a channel process serves the agents
+ACCESS_TO_STDERR = "-"
+ACCESS_OFF = "off"
+ACCESS_FORMAT = "%(asctime)s %(message)s"
+_WEBSOCKET_CODE = f"{os.sep}websockets{os.sep}"  # uvicorn.protocols.websockets and the websockets package
 
 
-def prepare(settings: Settings) -> tuple[uvicorn.Server, str | None]:
-    """Everything before serving. Returns the server and, on first start, the admin token to print once."""
+class ConnectionLines(logging.Filter):
+    """uvicorn's error logger carries, at INFO, a WebSocket's handshake ("WebSocket /api/v1/agent/channel"
+    [accepted]) and the websockets package's "connection open" and "connection closed": access records,
+    two or three for every agent that connects. They go to the access log, with the HTTP requests."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and _WEBSOCKET_CODE in record.pathname:
+            logging.getLogger("uvicorn.access").handle(record)
+            return False
+        return True
+
+
+def check_access_log(destination: str) -> str:
+    """`-` (stderr), `off`, or a file the access log is appended to, made absolute (the head's
+    processes write it too). Raises ConfigError when the file cannot be written."""
+    if destination in (ACCESS_TO_STDERR, ACCESS_OFF):
+        return destination
+    path = Path(destination).expanduser().absolute()
+    try:
+        path.open("a").close()
+    except OSError as exc:
+        raise ConfigError(f"cannot write the access log {path}: {exc.strerror}") from None
+    return str(path)
+
+
+def log_config(level: str, access_log: str = ACCESS_TO_STDERR, uvicorn_level: str | None = None) -> dict[str, Any]:
+    """uvicorn's logging (logging.config.dictConfig): its records to stderr in gpufleet's format at
+    `uvicorn_level` (default `level`), the access log to `access_log` (see `check_access_log`). On stderr
+    the access log follows `level`, as the rest of the terminal does; a file gets every line."""
+    terminal = {"class": "logging.StreamHandler", "formatter": "gpufleet", "stream": "ext://sys.stderr"}
+    handlers: dict[str, dict[str, Any]] = {"terminal": {**terminal, "level": uvicorn_level or level}}
+    if access_log == ACCESS_TO_STDERR:
+        handlers["access"] = {**terminal, "formatter": "access", "level": level}
+    elif access_log != ACCESS_OFF:
+        handlers["access"] = {"class": "logging.handlers.WatchedFileHandler", "formatter": "access"}
+        handlers["access"]["filename"] = access_log  # WatchedFileHandler: logrotate may move it
+    access = "access" in handlers
+    floor = logging.getLevelNamesMapping()[level.upper()]
+    if access and access_log != ACCESS_TO_STDERR:  # a file takes them at any level: INFO records must be made
+        floor = min(floor, logging.INFO)
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"gpufleet": {"format": logs.FORMAT}, "access": {"format": ACCESS_FORMAT}},
+        "filters": {"connections": {"()": ConnectionLines}},
+        "handlers": handlers,
+        "loggers": {
+            "uvicorn": {"handlers": ["terminal"], "level": level, "propagate": False},
+            "uvicorn.error": {"level": floor, "filters": ["connections"]},
+            "uvicorn.access": {"handlers": ["access"] if access else [], "level": floor, "propagate": False},
+        },
+    }
+
+
+def prepare(settings: Settings, uvicorn_level: str | None = None) -> tuple[uvicorn.Server, str | None]:
+    """Everything before serving; uvicorn's own records at `uvicorn_level` (default: `log_level`).
+    Returns the server and, on first start, the admin token to print once. Raises ConfigError for an
+    access log that cannot be written (see `check_access_log`)."""
     sessions, new_token = _set_up(settings)
     app = create_app(settings, sessions, SystemClock())
-    return uvicorn.Server(_config(settings, app)), new_token
+    return uvicorn.Server(_config(settings, app, uvicorn_level=uvicorn_level)), new_token
 
 
 def _set_up(settings: Settings) -> tuple[sessionmaker[Session], str | None]:
-    """Check the addresses, migrate the database, install the admin token. Returns the sessions and, on
-    first start, the token."""
+    """Check the addresses and the access log, migrate the database, install the admin token. Returns
+    the sessions and, on first start, the token."""
+    check_access_log(settings.access_log)
     served_tls = settings.effective_tls()
     scheme = "https" if served_tls else "http"
     for address in (settings.listen, settings.agent_listen):
@@ -78,9 +144,17 @@ def _set_up(settings: Settings) -> tuple[sessionmaker[Session], str | None]:
     return sessions, new_token
 
 
-def _config(settings: Settings, app: Any, workers: int = 1, address: str | None = None) -> uvicorn.Config:
+def _config(
+    settings: Settings,
+    app: Any,
+    workers: int = 1,
+    address: str | None = None,
+    uvicorn_level: str | None = None,
+) -> uvicorn.Config:
     """uvicorn's configuration for serving `app` on `address` (default `listen`): an app, or where
-    several processes serve (`workers` > 1 or a split head) a picklable factory of one."""
+    several processes serve (`workers` > 1 or a split head) a picklable factory of one. Raises
+    ConfigError for TLS files or an access log the head cannot use."""
+    access_log = check_access_log(settings.access_log)
     host, port = settings.listen_host_port(address)
     served_tls = settings.effective_tls()
     certfile: str | None = None
@@ -102,8 +176,9 @@ def _config(settings: Settings, app: Any, workers: int = 1, address: str | None 
         ws="websockets-sansio",
         ws_max_size=MAX_CHANNEL_MESSAGE_BYTES,
         ws_per_message_deflate=False,  # heartbeats are tiny; compression only costs CPU
-        log_level=settings.log_level.lower(),
-        access_log=False,
+        log_config=log_config(settings.log_level, access_log, uvicorn_level),
+        log_level=None,  # the levels are log_config's
+        access_log=access_log != ACCESS_OFF,
         timeout_graceful_shutdown=5,
         ssl_certfile=certfile,
         ssl_keyfile=keyfile,
@@ -209,6 +284,7 @@ def _url_host(host: str) -> str:
 
 
 def run(settings: Settings, announce: bool = True) -> None:
+    """Serve until stopped. Raises ConfigError for settings the head cannot serve with."""
     if settings.workers > 1 or settings.agent_listen is not None:
         _run_processes(settings, announce)
         return

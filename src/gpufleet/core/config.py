@@ -81,6 +81,12 @@ class Settings(BaseSettings):
     cve_evaluate_interval_s: float = Field(
         10.0, gt=0, le=3600, description="how often the leader looks for new advisories or software to evaluate"
     )
+    package_links: list[str] = Field(
+        default_factory=list,
+        description="distribution packages advisories name in another ecosystem, beyond gpufleet's own:"
+        " 'PACKAGE = ECOSYSTEM:NAME' each (e.g. 'nvidia-container-toolkit = Go:github.com/NVIDIA/"
+        "nvidia-container-toolkit'); see docs/assets.md",
+    )
     log_forward_url: str | None = Field(
         None, description="send log events as JSON lines to a collector: tcp://HOST:PORT or an http(s) URL"
     )
@@ -263,6 +269,11 @@ class Settings(BaseSettings):
         description="Python environments whose pip packages the agent reports",
     )
     log_level: str = Field("INFO", description="logging level")
+    access_log: str = Field(
+        "-",
+        min_length=1,
+        description="the head's access log, a line per HTTP request and per agent channel: - (stderr), a file, or off",
+    )
 
     @field_validator("scheduler_placement")
     @classmethod
@@ -277,6 +288,15 @@ class Settings(BaseSettings):
         wrong = sorted(k for k, v in value.items() if v not in ("pack", "spread"))
         if wrong:
             raise ValueError(f"must map categories to pack or spread (not: {', '.join(wrong)})")
+        return value
+
+    @field_validator("package_links")
+    @classmethod
+    def _check_package_links(cls, value: list[str]) -> list[str]:
+        # The shape only: which ecosystems exist is the assets domain's to say (assets.links).
+        wrong = [v for v in value if not re.fullmatch(r"\s*[A-Za-z0-9][A-Za-z0-9+._-]*\s*=\s*[^:=]+:\S+\s*", v)]
+        if wrong:
+            raise ValueError(f"must be 'PACKAGE = ECOSYSTEM:NAME' lines (not: {', '.join(map(repr, wrong))})")
         return value
 
     @field_validator("listen")
