@@ -45,10 +45,20 @@ def browser() -> Iterator[Browser]:
         chromium.close()
 
 
+# Every Content-Security-Policy violation a page meets is logged as a console error (which `page`
+# fails the test on): the head's policy allows no inline script, style or handler, so a template that
+# grew one would be refused in the browser without breaking anything visibly.
+REPORT_CSP_VIOLATIONS = """
+document.addEventListener("securitypolicyviolation", (e) => console.error(
+  `CSP violation: ${e.effectiveDirective} blocked ${e.blockedURI || "inline"} at ${e.sourceFile}:${e.lineNumber}`));
+"""
+
+
 @pytest.fixture
 def context(browser: Browser) -> Iterator[BrowserContext]:
     ctx = browser.new_context(viewport={"width": 1280, "height": 800})
     ctx.set_default_timeout(10_000)
+    ctx.add_init_script(REPORT_CSP_VIOLATIONS)
     yield ctx
     ctx.close()
 

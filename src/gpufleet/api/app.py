@@ -68,6 +68,7 @@ from gpufleet.api.routers import (
 from gpufleet.api.routers import (
     tasks as task_routes,
 )
+from gpufleet.api.security_headers import SecurityHeaders
 from gpufleet.api.service_proxy import ServiceProxy
 from gpufleet.api.templates import STATIC_DIR, StaticFiles
 from gpufleet.auth import identity
@@ -190,8 +191,8 @@ def _forwarder(settings: Settings) -> EventForwarder | None:
 
 
 def _add_middleware(app: FastAPI, settings: Settings) -> None:
-    """The request's outer layers, the last added outermost: the audit record, the body size limit,
-    then JSON bodies' numbers checked (on a body already bounded)."""
+    """The request's outer layers, the last added outermost: security headers, the audit record, the
+    body size limit, then JSON bodies' numbers checked (on a body already bounded)."""
     bulk = {
         f"{API_PREFIX}/agent/software": MAX_SOFTWARE_BYTES,
         f"{API_PREFIX}/cve/advisories": assets_routes.MAX_ADVISORY_BATCH_BYTES,
@@ -200,7 +201,8 @@ def _add_middleware(app: FastAPI, settings: Settings) -> None:
     }
     app.add_middleware(FiniteJsonBodies)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes, larger=bulk)
-    app.add_middleware(AuditMiddleware)  # outermost: records even what the size limit refuses
+    app.add_middleware(AuditMiddleware)  # records even what the size limit refuses
+    app.add_middleware(SecurityHeaders)  # outermost: every answer has them, the refusals above too
 
 
 def create_app(

@@ -20,6 +20,7 @@ from gpufleet.auth.policy import Permission
 from gpufleet.core.errors import InvalidInput
 
 router = APIRouter(include_in_schema=False)
+LEVEL_STEP = 5  # 21 shades from palest to darkest: finer than the eye tells apart on a 11 px cell
 # colour -> (the cell's value, the value drawn palest, the value drawn darkest, unit)
 COLOURS: dict[str, tuple[str, float, float, str]] = {
     "util": ("util", 0.0, 100.0, "%"),
@@ -57,16 +58,19 @@ def node_cells(node: str, cells: list[GpuCell], colour: str) -> Markup:
     parts = [f'<a class="hm-node" href="/nodes/{name}" data-node="{name}" aria-label="{label}">']
     for cell in cells:
         level = _level(cell, colour)
-        style = f' style="--v:{level}"' if level is not None else ""
+        shaded = f" v{level}" if level is not None else ""
         parts.append(
-            f'<i class="cell {cell.status}"{style} data-gpu="{cell.index}" title="{escape(_cell_title(cell))}"></i>'
+            f'<i class="cell {cell.status}{shaded}" data-gpu="{cell.index}" title="{escape(_cell_title(cell))}"></i>'
         )
     parts.append("</a>")
     return Markup("".join(parts))  # noqa: S704 -- every text from outside went through escape() above
 
 
 def _level(cell: GpuCell, colour: str) -> int | None:
-    return shade(cell, colour) if cell.status in ("in_use", "idle") else None
+    """The cell's shade in steps of LEVEL_STEP, drawn by a class (`v0` to `v100` in app.css): the page's
+    Content-Security-Policy allows no style attribute, so a cell cannot carry its own `--v`."""
+    value = shade(cell, colour) if cell.status in ("in_use", "idle") else None
+    return None if value is None else round(value / LEVEL_STEP) * LEVEL_STEP
 
 
 def gpu_map(view: View) -> dict[str, Any]:

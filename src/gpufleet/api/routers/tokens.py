@@ -47,8 +47,17 @@ def password_login(body: PasswordLogin, ctx: Ctx, request: Request) -> UserToken
 
 @whoami_router.get("/whoami")
 def whoami(caller: Annotated[Principal, allow(Permission.SELF_READ)]) -> dict[str, object]:
-    """Who the presented token belongs to (used by `gpufleet login` to check a token)."""
-    return {"kind": caller.kind, "token_id": caller.token_id, "node_id": caller.node_id}
+    """Who the presented token belongs to (used by `gpufleet login` to check a token): its kind, and the
+    role the caller acts with now (a user's token or session: the user's current role, not the kind of
+    token), its scope and user."""
+    return {
+        "kind": caller.kind,
+        "token_id": caller.token_id,
+        "node_id": caller.node_id,
+        "role": caller.role.value,
+        "scope": caller.scope,
+        "user": caller.user,
+    }
 
 
 @router.post("/join", status_code=201)
