@@ -45,6 +45,7 @@ from gpufleet.monitoring.models import Alert
 from gpufleet.monitoring.stragglers import StragglerWatch
 from gpufleet.protocol.artifacts import NodeCache
 from gpufleet.protocol.jobs import JobHeld, JobOutput, JobUpdate, RankRef
+from gpufleet.workers import batches
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,9 +89,10 @@ def _audit_foreign_output(session: Session, clock: Clock, refused: list[tuple[in
     by_node: dict[int, list[str]] = {}
     for node_id, chunk, owner in refused:
         by_node.setdefault(node_id, []).append(f"job {chunk.job_id} run {chunk.run} rank {chunk.rank} of node {owner}")
-    names: dict[int, str] = dict(session.execute(select(Node.id, Node.name).where(Node.id.in_(by_node))).tuples())
+    names: dict[int, str] = dict(session.execute(select(Node.id, Node.name).where(Node.id.in_(by_node))).all())
     for node_id, ranks in by_node.items():
-        named = ", ".join(dict.fromkeys(ranks))
+        distinct = list(dict.fromkeys(ranks))
+        named = ", ".join(distinct[:5]) + (f" and {len(distinct) - 5} more" if len(distinct) > 5 else "")
         audit.record(
             session,
             clock,
@@ -205,14 +207,20 @@ class JobLoops:
             pending, self._output = self._output, []
         if not pending:
             return 0
-        try:
-            with transaction(self.sessions) as session:
-                _audit_foreign_output(session, self.clock, output.foreign(session, pending))
-                return output.store(session, self.clock, pending, self.settings.job_output_max_chars)
+        stored = 0
+
+        def store(session: Session, chunks: list[tuple[int, JobOutput]]) -> None:
+            nonlocal stored
+            _audit_foreign_output(session, self.clock, output.foreign(session, chunks))
+            stored += output.store(session, self.clock, chunks, self.settings.job_output_max_chars)
+
+        try:  # a chunk the database refuses is dropped alone, not with every other job's (workers.batches)
+            batches.write_isolating(self.sessions, pending, store, what="output chunks")
         except Unavailable:
             with self._lock:  # the database is away: keep the chunks for the next flush
                 self._output[:0] = pending
             raise
+        return stored
 
     def attribute_once(self) -> int:
         now = self.clock.now()

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.core.clock import Clock
@@ -42,7 +41,7 @@ from gpufleet.monitoring.thresholds import Transition
 from gpufleet.monitoring.tracker import HealthTracker
 from gpufleet.protocol.logs import LogLine
 from gpufleet.protocol.metrics import NodeEvent, Sample
-from gpufleet.workers import rollup_process
+from gpufleet.workers import batches, rollup_process
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -51,6 +50,12 @@ MAX_BUFFERED_LOG_LINES = 100_000
 FULL_PASS_EVERY = 20  # health passes: with 0.1 s passes, every node is judged at least every 2 s
 
 OnAlerts = Callable[[list[Alert]], None]
+
+
+def _of_live_nodes(session: Session, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows whose node still exists (one removed while they waited fails the batch on its foreign key)."""
+    alive = set(session.scalars(select(Node.id).where(Node.id.in_({r["node_id"] for r in rows}))))
+    return [r for r in rows if r["node_id"] in alive]
 
 
 @dataclass
@@ -75,6 +80,7 @@ class MonitoringLoops:
     dropped_rows: int = 0
     stored_rows: int = 0
     dropped_lines: int = 0
+    refused_rows: int = 0  # samples and log lines the database refused, each dropped alone (workers.batches)
 
     @property
     def tracker(self) -> HealthTracker:
@@ -116,7 +122,7 @@ class MonitoringLoops:
         with self._lock:
             pending, self._pending = self._pending, []
         rows = [row for node_id, sample in pending for row in store.sample_rows(node_id, [sample])]
-        written = self._write_batch(rows, store.write_rows)
+        written = len(self._write_batch(rows, store.write_rows))
         self.stored_rows += written
         return written
 
@@ -126,10 +132,10 @@ class MonitoringLoops:
             pending, self._pending_lines = self._pending_lines, []
         rows = [line.model_dump() | {"node_id": node_id} for node_id, line in pending]
         written = self._write_batch(rows, logs_store.write_records)
-        events = [r for r in rows if r["kind"] is not None]
+        events = [r for r in written if r["kind"] is not None]
         if self.forward is not None and events:
             self._forward([(r["node_id"], r["ts"], r) for r in events])
-        return written
+        return len(written)
 
     def _forward(self, events: list[tuple[int, float, dict[str, Any]]]) -> None:
         """Hand events to the forwarder with their node's name and GPU's UUID (events of nodes removed
@@ -143,20 +149,14 @@ class MonitoringLoops:
             uuids: dict[tuple[int, int | None], str] = {(n, i): u for n, i, u in session.execute(gpus).all()}
         self.forward([event_json(names[n], ts, r, uuids.get((n, r.get("gpu")))) for n, ts, r in events if n in names])
 
-    def _write_batch(self, rows: list[dict[str, Any]], write: Callable[[Session, list[dict[str, Any]]], None]) -> int:
-        """Write `rows` (each with a node_id) in one transaction. A node removed while its rows waited
-        here fails the batch on its foreign key: then the others are written without it."""
-        if not rows:
-            return 0
-        try:
-            with transaction(self.sessions) as session:
-                write(session, rows)
-        except IntegrityError:
-            with transaction(self.sessions) as session:
-                alive = set(session.scalars(select(Node.id)))
-                rows = [r for r in rows if r["node_id"] in alive]
-                write(session, rows)
-        return len(rows)
+    def _write_batch(
+        self, rows: list[dict[str, Any]], write: Callable[[Session, list[dict[str, Any]]], None]
+    ) -> list[dict[str, Any]]:
+        """Write `rows` (each with a node_id) in one transaction; the rows of nodes removed while they waited
+        here, and any row the database refuses, are dropped without the others (workers.batches)."""
+        written = batches.write_isolating(self.sessions, rows, write, prune=_of_live_nodes, what="rows")
+        self.refused_rows += len(written.refused)
+        return written.stored
 
     def health_once(self, full: bool = False) -> list[HealthChange]:
         nodes = self.tracker.take_dirty()
