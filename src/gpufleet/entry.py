@@ -216,9 +216,13 @@ def sim(
     driver_version: Annotated[
         str | None, typer.Option(help="the NVIDIA driver the nodes report, e.g. 535.183.01 (default: 580.159.04)")
     ] = None,
-    state_dir: Annotated[Path, typer.Option(help="where the simulated nodes keep their credentials")] = Path(
-        "gpufleet-sim"
-    ),
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="where the simulated nodes keep their credentials"
+            " (default: $XDG_STATE_HOME/gpufleet/sim, else ~/.local/state/gpufleet/sim)"
+        ),
+    ] = None,
     prefix: Annotated[str, typer.Option(help="node name prefix")] = "sim",
     heartbeat_interval: IntervalOpt = None,
     software: Annotated[
@@ -234,8 +238,9 @@ def sim(
     logs.configure(settings.log_level)
     from gpufleet.agent.trust import head_context
     from gpufleet.core.tls import split_join_token
-    from gpufleet.sim.runner import SimOptions, Simulation
+    from gpufleet.sim.runner import SimOptions, Simulation, default_state_dir
 
+    state_dir = state_dir or default_state_dir()
     secret, pin = split_join_token(join_token) if join_token else (None, None)
     context = asyncio.run(head_context(settings.server, pin, state_dir, settings.ca_file, settings.insecure_http))
     simulation = Simulation(

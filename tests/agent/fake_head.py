@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from websockets.asyncio.server import Server, ServerConnection, serve
 
 from gpufleet.protocol.messages import (
+    CLOSE_UNAUTHORIZED,
     MAX_CHANNEL_MESSAGE_BYTES,
     Ack,
     AnyAgentMessage,
@@ -28,8 +29,11 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class FakeHead:
-    def __init__(self, inventory_wanted: bool = False) -> None:
+    def __init__(self, inventory_wanted: bool = False, credentials: set[str] | None = None) -> None:
         self.inventory_wanted = inventory_wanted
+        # The node credentials it knows (None: any): others are refused as the real head refuses them.
+        self.credentials = credentials
+        self.presented: list[str] = []  # the credential of every channel opened, in order
         self.messages: list[AnyAgentMessage] = []
         self.sizes: list[int] = []
         self.connection: ServerConnection | None = None
@@ -46,6 +50,12 @@ class FakeHead:
             await self._server.wait_closed()
 
     async def _handle(self, ws: ServerConnection) -> None:
+        assert ws.request is not None
+        token = ws.request.headers.get("Authorization", "").removeprefix("Bearer ")
+        self.presented.append(token)
+        if self.credentials is not None and token not in self.credentials:
+            await ws.close(CLOSE_UNAUTHORIZED, "unknown token")
+            return
         hello = agent_message_adapter.validate_json(await ws.recv())
         assert isinstance(hello, Hello)
         await ws.send(Welcome(node="n1", inventory_wanted=self.inventory_wanted).model_dump_json())

@@ -118,3 +118,36 @@ def test_simulated_metrics_reach_the_head_and_faults_reach_the_simulated_node(he
                 await task
 
     asyncio.run(scenario())
+
+
+def test_simulated_nodes_whose_credentials_the_head_does_not_know_join_it_again(head: Head, tmp_path: Path) -> None:
+    """`gpufleet sim` run again against a new head: the credentials it kept are another head's, and with a
+    join token its nodes join this one instead of stopping on "unknown token"."""
+    from gpufleet.agent.credentials import Credential
+    from gpufleet.sim.runner import SimOptions, Simulation
+
+    state = tmp_path / "sim"
+    for node_id, name in enumerate(("sim001", "sim002"), start=1):
+        stale = Credential(server=head.url, node=name, node_id=node_id, token="gfn_issued_by_another_head")
+        CredentialStore(state / "nodes" / f"{name}.json").save(stale)
+
+    async def scenario() -> None:
+        simulation = Simulation(
+            SimOptions(
+                server=head.url, join_token=head.join_token(2), nodes=2, state_dir=state, metrics_interval_s=None
+            )
+        )
+        task = asyncio.create_task(simulation.run())
+        try:
+            await _until(lambda: [n["state"] for n in head.nodes()] == ["up", "up"], 20)
+            assert simulation.failures == {}
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())
+    for name in ("sim001", "sim002"):
+        kept = CredentialStore(state / "nodes" / f"{name}.json").load()
+        assert kept is not None
+        assert kept.token != "gfn_issued_by_another_head"  # the new head's credential, kept for the next run

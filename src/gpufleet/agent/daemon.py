@@ -1,4 +1,7 @@
-"""The agent's main loop: join once, then keep the channel to the head open, reconnecting with backoff."""
+"""The agent's main loop: join once, then keep the channel to the head open, reconnecting with backoff.
+
+A stored credential the head refuses (one from another head, or revoked) is replaced by joining again
+when the agent has a join token; without one the agent stops and says so."""
 
 from __future__ import annotations
 
@@ -122,6 +125,7 @@ class Agent:
         self.last_heartbeat_at: float | None = None  # wall clock of the last heartbeat sent
         self.connected = False
         self.ever_acked = False
+        self.joined_unproven = False  # the credential was just issued and no heartbeat acknowledged yet
         self._inventory: NodeInventory | None = None
         self.software_digest: str | None = None  # of the software report the head last took
         self.accounts_version: str | None = None  # of the account list last applied without failures
@@ -157,10 +161,35 @@ class Agent:
             heartbeat_interval_s=joined.heartbeat_interval_s,
         )
         self.store.save(credential)
+        self.joined_unproven = True
         if self.options.heartbeat_interval_s is None:
             self.interval_s = joined.heartbeat_interval_s
         log.info("joined the head at %s as node %s", self.options.server, joined.name)
         return credential
+
+    async def _credential_refused(self, reason: str) -> Credential:
+        """The head refused this node's credential (issued by another head, or revoked): join again with
+        the join token. Raises AgentStopped without a join token, or when the credential refused is the
+        one the head has just issued (joining again would only spend the join token again), and what
+        `ensure_credential` raises when the join itself is refused."""
+        name, server = self.options.name, self.options.server
+        if not self.options.join_token:
+            raise AgentStopped(
+                f"the head at {server} refused the credential of node {name} ({reason}) and there is no join"
+                f" token to join again: pass --join-token (the credential is {self.store.path})"
+            )
+        if self.joined_unproven:
+            raise AgentStopped(
+                f"the head at {server} refused the credential it had just issued to node {name} ({reason})"
+            )
+        log.warning(
+            "the head at %s refused the stored credential of node %s (%s); joining again with the join token",
+            server,
+            name,
+            reason,
+        )
+        self.store.clear()
+        return await self._with_retry(self.ensure_credential)
 
     async def _current_inventory(self) -> NodeInventory:
         self._inventory = await asyncio.to_thread(self.read_inventory)
@@ -199,11 +228,17 @@ class Agent:
             except ConnectionClosed as exc:
                 code = exc.rcvd.code if exc.rcvd is not None else None
                 reason = exc.rcvd.reason if exc.rcvd is not None else ""
-                if code in (CLOSE_UNAUTHORIZED, CLOSE_NODE_GONE, CLOSE_REPLACED):
+                if code == CLOSE_UNAUTHORIZED:
+                    credential = await self._credential_refused(reason)
+                    continue
+                if code in (CLOSE_NODE_GONE, CLOSE_REPLACED):
                     raise AgentStopped(f"the head closed the channel of node {self.options.name}: {reason}") from None
                 # 1001 (going away) and 1012 (service restart) are a head shutting down or restarting: routine.
                 level = logging.INFO if code in (1001, 1012) else logging.WARNING
                 log.log(level, "channel closed (%s %s); reconnecting", code, reason)
+            except Unauthorized as exc:  # the inventory upload refused the credential the channel took
+                credential = await self._credential_refused(str(exc))
+                continue
             except (OSError, TimeoutError, InvalidHandshake, InvalidURI, Unavailable) as exc:
                 log.warning("cannot reach the head at %s (%s); retrying in %.1fs", self.options.server, exc, backoff)
             finally:
@@ -303,6 +338,7 @@ class Agent:
             if isinstance(message, Ack):
                 self.acked_seq = max(self.acked_seq, message.seq)
                 self.ever_acked = True
+                self.joined_unproven = False
             elif isinstance(message, FaultCommand):
                 await ws.send(self.apply_fault(message).model_dump_json())
             elif isinstance(message, JobStart | JobCancel | JobAck) and not self.crashed:

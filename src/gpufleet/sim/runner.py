@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,16 @@ log = logging.getLogger(__name__)
 MAX_NODES = 10_000
 
 
+def default_state_dir() -> Path:
+    """Where `gpufleet sim` keeps its nodes' credentials unless told: per user, in the XDG state directory
+    ($XDG_STATE_HOME/gpufleet/sim, else ~/.local/state/gpufleet/sim), so a run never depends on, or
+    litters, the working directory."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    # The XDG spec says a relative XDG_STATE_HOME is invalid and to be ignored.
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"
+    return root / "gpufleet" / "sim"
+
+
 def node_names(count: int, prefix: str = "sim") -> list[str]:
     width = max(3, len(str(count)))
     return [f"{prefix}{i:0{width}d}" for i in range(1, count + 1)]
@@ -58,7 +69,7 @@ class SimOptions:
     gpus_per_node: int = 8
     gpu_model: str = "H200"
     driver_version: str | None = None  # None: the probed H200's driver (sim.nvml.DRIVER_VERSION)
-    state_dir: Path = Path("gpufleet-sim")
+    state_dir: Path = field(default_factory=default_state_dir)
     cache_limit_bytes: int = 10 * 10**9  # each node's artifact cache
     prefix: str = "sim"
     heartbeat_interval_s: float | None = None
