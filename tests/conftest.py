@@ -172,7 +172,12 @@ def admin_token(sessions: sessionmaker[Session], clock: FakeClock) -> str:
 @pytest.fixture
 def client(sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path, admin_token: str) -> Iterator[TestClient]:
     """The app on a migrated database, loops driven by hand (`client.app.state.ctx.loops`)."""
-    settings = load_settings(client_file=tmp_path / "none.toml", data_dir=tmp_path, max_request_bytes=64 * 1024)
+    settings = load_settings(
+        client_file=tmp_path / "none.toml",
+        data_dir=tmp_path,
+        max_request_bytes=64 * 1024,
+        image_import_dirs=[tmp_path],  # tests import image tarballs they write under tmp_path
+    )
     app = create_app(settings, sessions, clock, run_loops=False)
     with TestClient(app, headers={"Authorization": f"Bearer {admin_token}"}) as test_client:
         yield test_client

@@ -40,7 +40,7 @@ def test_an_images_packages_are_in_the_report_until_a_revision_fixes_them(
     status = tree / "var" / "lib" / "dpkg" / "status"
     status.parent.mkdir(parents=True)
     status.write_text(STATUS.format(version="2.36-9+deb12u1"))
-    config = ImageConfig(images_dir=tmp_path / "images", command_timeout_s=60)
+    config = ImageConfig(images_dir=tmp_path / "images", command_timeout_s=60, import_dirs=(tmp_path,))
     import_tarball(sqlite_sessions, clock, config, "bookworm-gpu", tarball(tree, tmp_path / "image.tar.gz"))
     evaluator = Evaluator()
     with transaction(sqlite_sessions) as s:

@@ -28,7 +28,7 @@ __all__ = ["sqlite_sessions"]  # the fixture, imported for pytest
 
 @pytest.fixture
 def config(tmp_path: Path) -> ImageConfig:
-    return ImageConfig(images_dir=tmp_path / "images", command_timeout_s=60)
+    return ImageConfig(images_dir=tmp_path / "images", command_timeout_s=60, import_dirs=(tmp_path,))
 
 
 @pytest.fixture

@@ -77,7 +77,7 @@ def sshd(worker_id: str) -> Iterator[Sshd]:
 @pytest.fixture
 def config(tmp_path: Path) -> ImageConfig:
     _install()
-    return ImageConfig(images_dir=tmp_path / "images", command_timeout_s=60)
+    return ImageConfig(images_dir=tmp_path / "images", command_timeout_s=60, import_dirs=(tmp_path,))
 
 
 def _image(sessions: sessionmaker[Session], clock: FakeClock, config: ImageConfig, name: str, tmp: Path) -> Path:

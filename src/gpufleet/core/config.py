@@ -131,6 +131,10 @@ class Settings(BaseSettings):
     job_spool_dir: Path = Field(
         Path("/var/lib/gpufleet-agent/jobs"), description="where the agent keeps each job's full output"
     )
+    artifact_dirs: list[Path] = Field(
+        default_factory=list,
+        description="directories a model's or dataset's path location must lie under; empty: any absolute path",
+    )
     artifact_cache_dir: Path = Field(
         Path("/var/cache/gpufleet/artifacts"), description="the node cache models and datasets are staged into"
     )
@@ -192,6 +196,10 @@ class Settings(BaseSettings):
             "https://ports.ubuntu.com/ubuntu-ports",
         ],
         description="package mirrors an image create may name (their maintainer scripts run as root on the head)",
+    )
+    image_import_dirs: list[Path] = Field(
+        default_factory=list,
+        description="directories on the head an image create may import a tarball from; empty: tarballs are refused",
     )
     image_sync_limit: int = Field(8, ge=1, le=1000, description="nodes an image sync writes to at once")
     image_sync_timeout_s: float = Field(3600.0, gt=0, le=86400, description="how long one node's rsync may run")

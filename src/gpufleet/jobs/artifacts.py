@@ -15,8 +15,13 @@ Node caches: each agent reports its whole cache (`NodeCache`) after connecting a
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
@@ -28,16 +33,19 @@ from gpufleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from gpufleet.inventory.models import Node
 from gpufleet.jobs.models import Artifact, NodeArtifact
 from gpufleet.jobs.schemas import ArtifactIn, ArtifactOut, NodeArtifactOut
-from gpufleet.protocol.artifacts import ArtifactError, NodeCache, StageRef, check_source
+from gpufleet.protocol.artifacts import ArtifactError, NodeCache, StageRef, check_source, local_path
 
 KINDS = ("model", "dataset")
+# Cloud metadata services outside the link-local range (AWS's IPv6 one, Alibaba Cloud's).
+METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in ("fd00:ec2::254", "100.100.100.200"))
 
 
-def register(session: Session, clock: Clock, actor: str, spec: ArtifactIn) -> Artifact:
-    try:
-        check_source(spec.location)
-    except ArtifactError as exc:
-        raise InvalidInput(str(exc)) from None
+def register(
+    session: Session, clock: Clock, actor: str, spec: ArtifactIn, allowed_dirs: Sequence[Path] = ()
+) -> Artifact:
+    """Record a model or dataset. InvalidInput for a location no node should stage from
+    (`check_location`), NotFound for an unknown project, Conflict for a name and version that exist."""
+    check_location(spec.location, allowed_dirs)
     for name in {spec.project, *spec.shared_with} - {None}:
         get_project(session, str(name))  # NotFound for an unknown project
     row = Artifact(
@@ -64,6 +72,79 @@ def register(session: Session, clock: Clock, actor: str, spec: ArtifactIn) -> Ar
     except IntegrityError:
         raise Conflict(f"{spec.kind} {spec.name}:{spec.version} exists; register another version") from None
     return row
+
+
+def check_location(location: str, allowed_dirs: Sequence[Path] = ()) -> None:
+    """Refuse a location the agents must not be sent to, with InvalidInput saying why:
+    - a path (or file:// URI) holding '.' or '..' parts, or, when `allowed_dirs` (the artifact_dirs
+      setting) names directories, one outside them (links resolved as the head sees them);
+    - an http(s) URL whose host is a loopback, link-local, unspecified or multicast address, or a
+      cloud metadata service: every agent would fetch it from inside the node (169.254.169.254 answers
+      with the node's cloud credentials), so a registered URL would be a request forged on each node.
+    A host name is not resolved here; `localhost` and its subdomains are refused by name."""
+    try:
+        check_source(location)
+    except ArtifactError as exc:
+        raise InvalidInput(str(exc)) from None
+    path = local_path(location)
+    if path is not None:
+        _check_path(location, path, allowed_dirs)
+    else:
+        _check_host(location)
+
+
+def _check_path(location: str, path: Path, allowed_dirs: Sequence[Path]) -> None:
+    raw = location.removeprefix("file://")  # as given: pathlib drops '.' parts silently
+    if any(part in (".", "..") for part in raw.split("/")):
+        raise InvalidInput(f"{location[:200]}: a location may not hold '.' or '..' parts (name the path itself)")
+    if not allowed_dirs:
+        return
+    real = os.path.realpath(path)
+    for allowed in allowed_dirs:
+        root = os.path.realpath(allowed)
+        if root not in ("/", real) and os.path.commonpath([real, root]) == root:
+            return
+    shown = ", ".join(str(d) for d in allowed_dirs)
+    raise InvalidInput(f"{location[:200]} is not inside an artifact directory ({shown}: artifact_dirs)")
+
+
+def _check_host(location: str) -> None:
+    try:
+        host = urlsplit(location).hostname or ""
+    except ValueError as exc:  # a malformed IPv6 literal, a bad port
+        raise InvalidInput(f"{location[:200]}: not a URL ({exc})") from None
+    if not host:
+        raise InvalidInput(f"{location[:200]}: the URL names no host")
+    name = host.rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        raise InvalidInput(f"{location[:200]}: a loopback host; the nodes would each fetch from themselves")
+    address = _address(name)
+    if address is None:
+        return
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_loopback or address.is_unspecified:
+        raise InvalidInput(f"{location[:200]}: a loopback address; the nodes would each fetch from themselves")
+    if address.is_link_local or address in METADATA_ADDRESSES:
+        raise InvalidInput(
+            f"{location[:200]}: a link-local address (a cloud's metadata service answers there, with the "
+            "node's credentials); give the object store's address"
+        )
+    if address.is_multicast:
+        raise InvalidInput(f"{location[:200]}: a multicast address")
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address a URL's host spells, in any form an HTTP client reads as one (169.254.169.254,
+    0xa9fea9fe, 2852039166, 169.254.43518, [::ffff:a9fe:a9fe]); None for a name."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))  # the inet_aton forms, as curl and libc read them
+    except OSError:
+        return None
 
 
 def listing(session: Session, kind: str) -> list[Artifact]:

@@ -28,7 +28,9 @@ from gpufleet.protocol.jobs import DEFAULT_PATH
 
 def add(session: Session, clock: Clock, actor: str, spec: EnvironmentIn) -> Environment:
     """Add `spec` to the catalog. Conflict if its name and version exist; InvalidInput for a CUDA version
-    the driver table lacks when no driver is given."""
+    the driver table lacks when no driver is given, or a Python prefix that is not a plain path."""
+    if spec.python_prefix is not None:
+        check_prefix(spec.python_prefix)
     if spec.min_driver:
         driver: DriverVersion | None = parse_driver(spec.min_driver)
     else:
@@ -55,6 +57,19 @@ def add(session: Session, clock: Clock, actor: str, spec: EnvironmentIn) -> Envi
     except IntegrityError:
         raise Conflict(f"environment {spec.name}:{spec.version} exists; add another version") from None
     return env
+
+
+def check_prefix(prefix: str) -> None:
+    """A Python prefix is the plain absolute path of a venv or conda prefix on the nodes: no '.' or
+    '..' parts, no empty ones, not '/'. Jobs run with its bin/ first on their PATH, so a prefix that
+    climbs out of where it seems to point (`/opt/envs/../../tmp/x`) would run whatever lies there
+    under a name the catalog shows as something else. Raises InvalidInput."""
+    parts = prefix.split("/")[1:]
+    if not prefix.startswith("/") or prefix == "/" or any(part in ("", ".", "..") for part in parts):
+        raise InvalidInput(
+            f"python prefix {prefix[:200]!r}: give the plain absolute path of the environment (e.g. "
+            "/opt/envs/torch), without '.', '..' or empty parts"
+        )
 
 
 def listing(session: Session) -> list[Environment]:

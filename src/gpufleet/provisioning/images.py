@@ -29,7 +29,7 @@ import re
 import shutil
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,8 @@ class ImageConfig:
     ubuntu_mirror: str = UBUNTU_MIRROR
     # Mirrors a request may name (besides the two defaults): a mirror's maintainer scripts run as root.
     allowed_mirrors: tuple[str, ...] = (DEBIAN_MIRROR, UBUNTU_MIRROR)
+    # Where tarballs may be imported from (image_import_dirs): the head reads nothing else for a request.
+    import_dirs: tuple[Path, ...] = ()
 
     @classmethod
     def of(cls, settings: Settings) -> ImageConfig:
@@ -87,6 +89,7 @@ class ImageConfig:
             debian_mirror=settings.image_mirror,
             ubuntu_mirror=settings.image_ubuntu_mirror,
             allowed_mirrors=tuple(settings.image_allowed_mirrors),
+            import_dirs=tuple(settings.image_import_dirs),
         )
 
     def mirror_allowed(self, mirror: str) -> bool:
@@ -283,6 +286,31 @@ def users(session: Session) -> dict[str, list[str]]:
 # ---- changing: the request's part --------------------------------------------------------------
 
 
+def import_file(config: ImageConfig, tarball: str) -> Path:
+    """The file a tarball import reads: `tarball` with its links resolved, which must be a regular file
+    inside one of the import directories (image_import_dirs, links resolved too). Tar runs as the
+    head's user (root), so without this a request could have it read any file of the head into an
+    image that nodes and readers see (`/etc/shadow`, the head's keys). Raises InvalidInput."""
+    if not tarball.startswith("/") or "\x00" in tarball:
+        raise InvalidInput(f"{tarball[:200]}: not a file on the head (give an absolute path)")
+    if not config.import_dirs:
+        raise InvalidInput(
+            "tarball import is off: an admin lists the directories tarballs may come from in the "
+            "image_import_dirs setting"
+        )
+    real = os.path.realpath(tarball)
+    shown = ", ".join(str(d) for d in config.import_dirs)
+    for allowed in config.import_dirs:
+        root = os.path.realpath(allowed)
+        if root not in ("/", real) and os.path.commonpath([real, root]) == root:
+            break
+    else:
+        raise InvalidInput(f"{tarball[:200]} is not inside an import directory ({shown}: image_import_dirs)")
+    if not os.path.isfile(real):
+        raise InvalidInput(f"{tarball[:200]}: not a file on the head (give an absolute path)")
+    return Path(real)
+
+
 def check_create(session: Session, config: ImageConfig, name: str, source: Source) -> Path | None:
     """Check a new image's name and source without changing anything (what a dry run and the
     request both do); returns the clone's source path. Raises InvalidInput, NotFound (the clone's
@@ -301,9 +329,7 @@ def check_create(session: Session, config: ImageConfig, name: str, source: Sourc
                 "head (an admin lists mirrors in the image_allowed_mirrors setting)"
             )
     elif source.tarball is not None:
-        tarball = Path(source.tarball)
-        if not tarball.is_absolute() or not tarball.is_file():
-            raise InvalidInput(f"{source.tarball}: not a file on the head (give an absolute path)")
+        import_file(config, source.tarball)
     elif source.clone_of is not None:
         original = get_image(session, source.clone_of)
         if original.state != "ready":
@@ -502,8 +528,10 @@ def run_create(
     try:
         config.images_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(building, ignore_errors=True)  # a crashed build's leftovers
-        if source.kind() == "tarball":
+        if source.tarball is not None:
             building.mkdir(mode=0o755)
+            # tar reads the file checked now, links resolved: not whatever the path names by then
+            source = replace(source, tarball=str(import_file(config, source.tarball)))
         for step in plan_create(config, name, source, clone_path):
             runner.run(step)
         if source.kind() == "clone" and clone_path is not None:

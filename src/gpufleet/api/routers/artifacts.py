@@ -48,7 +48,8 @@ def registry(kind: str) -> APIRouter:
             raise InvalidInput(f"this is the {kind} registry; the body says {body.kind}")
         request.state.audit_target = f"{kind} {body.name}:{body.version}"
         with tx(ctx) as db:
-            return artifacts.out(db, artifacts.register(db, ctx.clock, who.actor, body))
+            row = artifacts.register(db, ctx.clock, who.actor, body, ctx.settings.artifact_dirs)
+            return artifacts.out(db, row)
 
     @router.get("/{ref}", name=f"show_{kind}")
     def show(ref: str, who: Read, ctx: Ctx) -> ArtifactOut:
