@@ -256,13 +256,19 @@ def test_rpm_node(tmp_path: Path) -> None:
     write(
         tmp_path / "etc/os-release", 'NAME="Rocky Linux"\nID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.3"\n'
     )
-    # Hand-written `rpm -qa --qf RPM_QUERY_FORMAT` output.
-    run = FakeRun({"rpm": "bash\t0:5.1.8-9.el9\tx86_64\nopenssl-libs\t1:3.0.7-27.el9\tx86_64\n"})
+    # Hand-written `rpm -qa --qf RPM_QUERY_FORMAT` output: name, E:V-R, arch and the source RPM.
+    run = FakeRun(
+        {
+            "rpm": "bash\t0:5.1.8-9.el9\tx86_64\tbash-5.1.8-9.el9.src.rpm\n"
+            "openssl-libs\t1:3.0.7-27.el9\tx86_64\topenssl-3.0.7-27.el9.src.rpm\n"
+        }
+    )
     inventory = collect_software(root=tmp_path, run=run, nvml=_NoNvml(), pip_envs=[])
     assert (inventory.distro_ecosystem, inventory.distro_release) == ("Rocky Linux", "9")
-    rocky = [(p.name, p.version) for p in inventory.packages if p.ecosystem == "Rocky Linux"]
-    assert rocky == [("bash", "5.1.8-9.el9"), ("openssl-libs", "1:3.0.7-27.el9")]
+    rocky = [(p.name, p.version, p.source_name) for p in inventory.packages if p.ecosystem == "Rocky Linux"]
+    assert rocky == [("bash", "5.1.8-9.el9", "bash"), ("openssl-libs", "1:3.0.7-27.el9", "openssl")]
     assert run.calls[0][:3] == ["rpm", "--root", str(tmp_path)]
+    assert run.calls[0][-1].endswith("\\t%{SOURCERPM}\\n")  # the source RPM is asked for
 
 
 def test_too_many_packages_are_cut_from_the_end(
@@ -350,3 +356,33 @@ class _NoNvml:
 
     def nvmlInit(self) -> None:
         raise self.NVMLError("NVML Shared Library Not Found")
+
+
+def test_a_simulated_node_reports_sources_and_its_older_image_is_found_vulnerable(tmp_path: Path) -> None:
+    """The simulator runs the real collector: its packages carry their source names, and the older
+    image's glibc and container toolkit are what real advisories (Ubuntu's glibc record, Go's toolkit
+    record) find, through the source name and the Go-module link."""
+    from gpufleet.assets.advisories.load import load_paths
+    from gpufleet.assets.matching import AdvisoryIndex, Matcher
+    from gpufleet.assets.records import Distro, Installed
+    from gpufleet.sim.nvml import SimulatedNvml
+    from gpufleet.sim.software import SimulatedSoftware
+
+    records = [SOFTWARE.parent / "advisories" / name for name in ("UBUNTU-CVE-2023-4911.json", "GO-2024-3239.json")]
+    index = AdvisoryIndex(advisory for _, advisory in load_paths(records))
+    found = {}
+    for variant in ("current", "older"):
+        inventory = SimulatedSoftware(tmp_path / variant, SimulatedNvml("n1", gpu_count=1), variant)()
+        packages = [Installed(**p.model_dump()) for p in inventory.packages]
+        assert {p.source_name for p in packages if p.name in ("libc6", "libc-bin")} == {"glibc"}
+        result = Matcher(index).scan(packages, Distro("Ubuntu", "22.04"))
+        found[variant] = sorted((f.key(), f.installed.name) for f in result.findings)
+    assert found == {
+        "current": [],
+        "older": [
+            ("CVE-2023-4911", "libc-bin"),
+            ("CVE-2023-4911", "libc6"),
+            ("CVE-2024-0132", "nvidia-container-toolkit"),
+            ("CVE-2024-0132", "nvidia-container-toolkit-base"),
+        ],
+    }

@@ -20,7 +20,9 @@ from gpufleet.assets.installed import (
     export_json,
     parse_apt_list,
     parse_distro_arg,
+    parse_dpkg_l,
     parse_dpkg_query,
+    parse_dpkg_query_source,
     parse_dpkg_status,
     parse_os_release,
     parse_pip_freeze,
@@ -28,6 +30,7 @@ from gpufleet.assets.installed import (
     parse_rpm_nevra,
     parse_rpm_qa,
     rpm_version,
+    source_rpm_name,
 )
 from gpufleet.assets.records import Distro, Installed
 
@@ -103,6 +106,13 @@ RPM_QA = (
     "gpg-pubkey\t0:350d275d-6279464e\t(none)\n"
 )
 RPM_NEVRA = "bash-5.1.8-9.el9.x86_64\npython3-libs-3.9.18-3.el9.x86_64\ngpg-pubkey-350d275d-6279464e\n"
+# Hand-written: the same with RPM_QUERY_FORMAT's 4th column, the source RPM (gpg-pubkey has none).
+RPM_QA_SOURCES = (
+    "bash\t0:5.1.8-9.el9\tx86_64\tbash-5.1.8-9.el9.src.rpm\n"
+    "openssl-libs\t1:3.0.7-27.el9\tx86_64\topenssl-3.0.7-27.el9.src.rpm\n"
+    "glibc-langpack-en\t0:2.34-100.el9\tx86_64\tglibc-2.34-100.el9.src.rpm\n"
+    "gpg-pubkey\t0:350d275d-6279464e\t(none)\t(none)\n"
+)
 
 
 # -- os-release and --distro -------------------------------------------------------------------------
@@ -216,6 +226,56 @@ def test_dpkg_status() -> None:
     assert names["automake"] == Installed("Debian", "automake", "1:1.16.5-1.3", "automake", "1:1.16.5-1.3", "all")
     result = detect_and_parse(DPKG_STATUS, Distro("Debian", "12"))
     assert (result.kind, result.binary_names_only, result.packages) == ("dpkg-status", False, packages)
+
+
+# -- dpkg -l and dpkg-query with source names (issue 23, item 2) ------------------------------------
+
+
+def test_dpkg_l_table_is_an_inventory() -> None:
+    """A real `dpkg -l` and a `dpkg-query` of binary and source names taken at the same moment on one
+    Debian 12 machine name the same 724 packages at the same versions."""
+    table = fixture("debian12-dpkg-l.txt")
+    result = detect_and_parse(table, Distro("Debian", "12"))
+    assert (result.kind, result.binary_names_only) == ("dpkg-l", True)
+    assert any("binary name" in note for note in result.notes)
+    sources = detect_and_parse(fixture("debian12-dpkg-query-source.txt"), Distro("Debian", "12"))
+    assert (sources.kind, sources.binary_names_only) == ("dpkg-query-source", False)
+    assert len(result.packages) == len(sources.packages) == 724
+    assert {(p.name, p.version) for p in result.packages} == {(p.name, p.version) for p in sources.packages}
+    libc6 = by_name(result.packages)["libc6"]  # "libc6:amd64" in the table
+    assert (libc6.ecosystem, libc6.version, libc6.arch, libc6.source_name) == (
+        "Debian",
+        "2.36-9+deb12u14",
+        "amd64",
+        None,
+    )
+    libc6 = by_name(sources.packages)["libc6"]
+    assert (libc6.source_name, libc6.source_version, libc6.arch) == ("glibc", "2.36-9+deb12u14", "amd64")
+    assert by_name(sources.packages)["libssl3"].source_name == "openssl"
+
+
+def test_dpkg_l_rows_as_pasted_without_the_header_and_with_other_states() -> None:
+    """Rows of the real table, pasted from a `dpkg -l | grep` (no header); the rc, iU and the
+    reinstreq row are the same rows with their state letters changed by hand."""
+    rows = [line for line in fixture("debian12-dpkg-l.txt").splitlines() if line.startswith("ii  libc")][:3]
+    assert len(rows) == 3
+    pasted = "\n".join([rows[0], "rc" + rows[1][2:], "iU" + rows[2][2:], "iFR" + rows[0][3:]]) + "\n"
+    packages = parse_dpkg_l(pasted, "Debian")
+    first, third = rows[0].split()[1].split(":")[0], rows[2].split()[1].split(":")[0]
+    assert [p.name for p in packages] == [first, third, first]  # rc: only configuration files left
+    assert detect_and_parse(pasted, Distro("Debian", "12")).kind == "dpkg-l"
+    with pytest.raises(ValueError, match="dpkg -l line 2"):
+        parse_dpkg_l(rows[0] + "\nthis is not a row\n", "Debian")
+    with pytest.raises(ValueError, match="names no distribution"):
+        detect_and_parse(pasted, None)
+
+
+def test_dpkg_query_source_format_errors() -> None:
+    assert parse_dpkg_query_source("libc6:amd64 glibc 1:2.36-9\n", "Debian") == [
+        Installed("Debian", "libc6", "1:2.36-9", "glibc", "1:2.36-9", "amd64")
+    ]
+    with pytest.raises(ValueError, match="line 2 is not 'binary source version'"):
+        parse_dpkg_query_source("libc6 glibc 2.36-9\nlibc6 glibc\n", "Debian")
 
 
 def test_colab_apt_list() -> None:
@@ -336,6 +396,20 @@ def test_rpm_nevra() -> None:
     assert result.kind == "rpm-nevra"
     assert result.packages[0].ecosystem == "Red Hat"
     assert any("epoch" in note for note in result.notes)
+
+
+def test_rpm_qa_with_source_rpms_keeps_the_source_name() -> None:
+    packages = parse_rpm_qa(RPM_QA_SOURCES, "Rocky Linux")
+    assert [(p.name, p.version, p.source_name, p.source_version) for p in packages] == [
+        ("bash", "5.1.8-9.el9", "bash", "5.1.8-9.el9"),
+        ("openssl-libs", "1:3.0.7-27.el9", "openssl", "1:3.0.7-27.el9"),
+        ("glibc-langpack-en", "2.34-100.el9", "glibc", "2.34-100.el9"),
+    ]
+    result = detect_and_parse(RPM_QA_SOURCES, ROCKY_9)
+    assert (result.kind, result.packages, result.binary_names_only) == ("rpm-qa", packages, False)
+    assert source_rpm_name("python3.11-3.11.7-1.el9.src.rpm") == "python3.11"
+    assert source_rpm_name("kernel-5.14.0-427.el9.nosrc.rpm") == "kernel"
+    assert source_rpm_name("(none)") is None
 
 
 def test_three_columns_need_the_distro_when_arches_do_not_tell() -> None:

@@ -7,8 +7,10 @@ import json
 import shutil
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from gpufleet.assets.advisories.load import AdvisoryError, detect_format, load_path, load_paths
 
@@ -154,3 +156,97 @@ def test_detect_format() -> None:
     assert detect_format({"id": "CVE-2024-1", "affected": [], "details": "x"}) == "osv"
     assert detect_format({"vulnerabilities": []}) is None  # neither CSAF nor an NVD response
     assert detect_format([]) is None
+
+
+# -- a file cut short (issue 23, item 4) -------------------------------------------------------------
+
+OSV_RECORDS = sorted(
+    p.name for p in ADVISORIES.iterdir() if p.name.startswith(("DSA-", "PYSEC-", "UBUNTU-", "USN-", "GO-"))
+)
+
+
+def _as_yaml(name: str) -> str:
+    """The record as YAML: a PYSEC file as published, a JSON record dumped with its keys in order."""
+    text = (ADVISORIES / name).read_text()
+    if name.endswith(".yaml"):
+        return text
+    return yaml.safe_dump(json.loads(text), sort_keys=False, allow_unicode=True, width=100)
+
+
+def _what_matters(advisory: Any) -> tuple[Any, ...]:
+    return (advisory.id, advisory.aliases, advisory.severity, advisory.cvss_score, advisory.summary, advisory.modified)
+
+
+def _cuts(text: str) -> list[tuple[str, bool]]:
+    """(prefix, cut inside a line?) for every line end and the middle of every line."""
+    cuts, start = [], 0
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        if len(body) > 1:
+            cuts.append((text[: start + len(body) // 2], True))
+        start += len(line)
+        cuts.append((text[:start], False))
+    return cuts[:-1]  # the whole file is not a cut
+
+
+@pytest.mark.parametrize("name", OSV_RECORDS)
+def test_a_cut_yaml_record_is_refused_or_loses_nothing_that_matters(name: str, tmp_path: Path) -> None:
+    """Every way of cutting the record short: inside a line it is always refused, naming the file;
+    at a line end it is refused, or (when only what follows the required fields went) it still has
+    its id, aliases, severity, score, summary and time. Never a record that lost its severity."""
+    text = _as_yaml(name)
+    [(_, whole)] = list(load_path(_write(tmp_path / "whole.yaml", text)))
+    assert whole.modified is not None
+    refused = 0
+    for number, (prefix, inside_a_line) in enumerate(_cuts(text)):
+        path = _write(tmp_path / f"cut{number}.yaml", prefix)
+        advisory = _load_or_error(path)
+        if isinstance(advisory, AdvisoryError):
+            assert str(path) in str(advisory)
+            refused += 1
+            continue
+        assert not inside_a_line, f"cut inside a line was read: {prefix[-80:]!r}"
+        assert _what_matters(advisory) == _what_matters(whole), prefix[-200:]
+    assert refused > 0
+
+
+@pytest.mark.parametrize("name", [n for n in OSV_RECORDS if n.endswith(".json")])
+def test_a_cut_json_record_is_always_refused(name: str, tmp_path: Path) -> None:
+    text = (ADVISORIES / name).read_text().rstrip()
+    for number, (prefix, _) in enumerate(_cuts(text)):
+        path = _write(tmp_path / f"cut{number}.json", prefix)
+        with pytest.raises(AdvisoryError, match=f"{path}.*not valid JSON"):
+            list(load_path(path))
+
+
+def test_a_yaml_cut_at_its_severity_is_refused(tmp_path: Path) -> None:
+    """The severity-last layout (yaml.safe_dump's sorted keys) cut where the severity starts."""
+    record = json.loads((ADVISORIES / "UBUNTU-CVE-2023-4911.json").read_text())
+    text = yaml.safe_dump(record, sort_keys=True, width=100)
+    at = text.index("severity:")
+    for prefix, why in (
+        (text[: at + len("severity:\n")], "ends with 'severity:' and no value"),
+        (text[: text.rindex("\n", 0, text.index("type: CVSS_V3", at)) + 1], "needs a type and a score"),
+        (text[: text.index("A:H", at) + 2] + "\n", "ends with .*A:' and no value after it"),
+        (text.replace("I:H/A:H", "I:H"), "not a valid CVSS vector"),  # a vector missing a metric
+        (text[: text.index("A:H", at) + 2], "does not end with a line break"),
+    ):
+        path = _write(tmp_path / "cut.yaml", prefix)
+        with pytest.raises(AdvisoryError, match=why):
+            list(load_path(path))
+    [(_, whole)] = list(load_path(_write(tmp_path / "whole.yaml", text)))
+    assert (whole.severity, whole.cvss_score) == ("high", 7.8)
+
+
+def _load_or_error(path: Path) -> Any:
+    """The one advisory of a file, or the AdvisoryError that refused it."""
+    try:
+        [(_, advisory)] = list(load_path(path))
+    except AdvisoryError as error:
+        return error
+    return advisory
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path

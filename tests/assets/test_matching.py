@@ -1,10 +1,16 @@
-"""Matching installed packages against advisories: ecosystems and releases, source packages, range
-events, version lists, one finding per CVE, and versions that cannot be judged."""
+"""Matching installed packages against advisories: ecosystems and releases, source packages and the
+binary packages an advisory lists, source RPMs, range events, version lists, one finding per CVE, and
+versions that cannot be judged. Ubuntu's glibc records are real (tests/fixtures/advisories)."""
 
 from __future__ import annotations
 
-from gpufleet.assets.matching import BINARY_NAME_NOTE, AdvisoryIndex, Matcher, verdict
+from pathlib import Path
+
+from gpufleet.assets.advisories.load import load_path
+from gpufleet.assets.matching import BINARY_NAME_NOTE, AdvisoryIndex, Matcher, targets, verdict
 from gpufleet.assets.records import Advisory, Affected, Distro, Installed, Range
+
+ADVISORIES = Path(__file__).resolve().parents[1] / "fixtures" / "advisories"
 
 BOOKWORM = Distro("Debian", "12")
 JAMMY = Distro("Ubuntu", "22.04")
@@ -134,3 +140,75 @@ def test_driver_versions_compare_as_numbers() -> None:
     ]
     assert scan([driver], [Installed("NVIDIA", "driver", "550.90.07")], BOOKWORM) == []
     assert scan([driver], [Installed("NVIDIA", "driver", "535.183.01")], BOOKWORM) == []  # before 550: another branch
+
+
+# -- binary and source package names (issue 23, item 1) -----------------------------------------------
+
+
+def _real(name: str) -> Advisory:
+    [(_, record)] = list(load_path(ADVISORIES / name))
+    return record
+
+
+def test_binary_names_match_through_the_binaries_an_ubuntu_advisory_lists() -> None:
+    """Ubuntu's real glibc record names the source `glibc` and lists libc6, libc-bin, locales...: a
+    list of binary names alone (apt list, dpkg -l) is matched through that list, with no guess."""
+    glibc = _real("UBUNTU-CVE-2023-4911.json")
+    binaries = [Installed("Ubuntu", name, "2.35-0ubuntu3.1", arch="amd64") for name in ("libc6", "libc-bin", "locales")]
+    result = Matcher(AdvisoryIndex([glibc])).scan([*binaries, Installed("Ubuntu", "bash", "5.1-6ubuntu1")], JAMMY)
+    assert [(f.installed.name, f.fixed, f.notes) for f in result.findings] == [
+        ("libc6", "2.35-0ubuntu3.4", ()),
+        ("libc-bin", "2.35-0ubuntu3.4", ()),
+        ("locales", "2.35-0ubuntu3.4", ()),
+    ]
+    fixed = Installed("Ubuntu", "libc6", "2.35-0ubuntu3.4")
+    assert Matcher(AdvisoryIndex([glibc])).scan([fixed], JAMMY).findings == []
+    noble = Installed("Ubuntu", "libc6", "2.35-0ubuntu3.1")  # a jammy version on a 24.04 node: noble's entry
+    assert [f.fixed for f in Matcher(AdvisoryIndex([glibc])).scan([noble], Distro("Ubuntu", "24.04")).findings] == [
+        "2.38-1ubuntu6"
+    ]
+
+
+def test_the_binary_list_works_from_the_heads_lazy_index_too() -> None:
+    glibc = _real("UBUNTU-CVE-2023-4911.json")
+    index = AdvisoryIndex()
+    index.add_lazy(targets(glibc), lambda: glibc)
+    assert ("Ubuntu", "22.04", "binary:libc-bin") in targets(glibc)
+    ((finding),) = Matcher(index).scan([Installed("Ubuntu", "libc-bin", "2.35-0ubuntu3.3")], JAMMY).findings
+    assert finding.advisory.id == "UBUNTU-CVE-2023-4911"
+
+
+def test_source_and_binary_names_finding_one_advisory_make_one_finding() -> None:
+    glibc = _real("UBUNTU-CVE-2023-4911.json")
+    both = Installed("Ubuntu", "libc6", "2.35-0ubuntu3.1", "glibc", "2.35-0ubuntu3.1")
+    ((finding),) = Matcher(AdvisoryIndex([glibc])).scan([both], JAMMY).findings
+    assert (finding.advisory.id, finding.also, finding.notes) == ("UBUNTU-CVE-2023-4911", (), ())
+
+
+def test_a_notice_of_several_cves_joins_the_finding_of_its_cve() -> None:
+    """USN-6409-1 fixes CVE-2023-4527 and CVE-2023-4911; on jammy's libc-bin it is the 4911 finding's
+    `also`, not a second problem named after 4527."""
+    records = [_real("USN-6409-1.json"), _real("UBUNTU-CVE-2023-4911.json")]
+    result = Matcher(AdvisoryIndex(records)).scan([Installed("Ubuntu", "libc-bin", "2.35-0ubuntu3.1")], JAMMY)
+    ((finding),) = result.findings
+    assert (finding.key(), finding.advisory.id, finding.also) == (
+        "CVE-2023-4911",
+        "UBUNTU-CVE-2023-4911",
+        ("USN-6409-1",),
+    )
+    alone = Matcher(AdvisoryIndex(records[:1])).scan([Installed("Ubuntu", "libc-bin", "2.35-0ubuntu3.1")], JAMMY)
+    assert [f.key() for f in alone.findings] == ["CVE-2023-4527"]  # alone, it keeps its own key
+
+
+def test_rpm_packages_match_by_binary_and_by_source_rpm_name() -> None:
+    rocky = Distro("Rocky Linux", "9")
+    by_source = advisory("RLSA-1", Affected("Rocky Linux", "glibc", "9", fixed_at("2.34-100.el9_4.2")))
+    langpack = Installed("Rocky Linux", "glibc-langpack-en", "2.34-100.el9", "glibc", "2.34-100.el9", "x86_64")
+    assert scan([by_source], [langpack], rocky) == [("RLSA-1", "glibc-langpack-en", "2.34-100.el9_4.2")]
+    by_binary = advisory("RLSA-2", Affected("Rocky Linux", "glibc-langpack-en", "9", fixed_at("2.34-100.el9_4.2")))
+    assert sorted(scan([by_binary, by_source], [langpack], rocky)) == [
+        ("RLSA-1", "glibc-langpack-en", "2.34-100.el9_4.2"),
+        ("RLSA-2", "glibc-langpack-en", "2.34-100.el9_4.2"),
+    ]
+    without_source = Installed("Rocky Linux", "glibc-langpack-en", "2.34-100.el9")
+    assert scan([by_source], [without_source], rocky) == []

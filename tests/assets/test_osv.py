@@ -184,7 +184,14 @@ def test_withdrawn_record_affects_nothing() -> None:
 
 
 def test_withdrawn_record_without_affected_is_still_osv() -> None:
-    advisory = parse_osv({"id": "GHSA-aaaa-bbbb-cccc", "withdrawn": "2024-01-01T00:00:00Z", "summary": "gone"})
+    advisory = parse_osv(
+        {
+            "id": "GHSA-aaaa-bbbb-cccc",
+            "modified": "2024-01-01T00:00:00Z",
+            "withdrawn": "2024-01-01T00:00:00Z",
+            "summary": "gone",
+        }
+    )
     assert advisory.affected == ()
     assert advisory.summary == "gone"
 
@@ -204,7 +211,7 @@ def test_summary_falls_back_to_the_first_line_of_details() -> None:
         ({"id": "X-1"}, "neither 'affected' nor 'withdrawn'"),
         ({"id": "X-1", "affected": "nginx"}, "'affected' is str, not a list"),
         ({"id": "X-1", "affected": [{"package": {"name": "nginx"}}]}, "needs an ecosystem and a name"),
-        ({"id": "X-1", "affected": [], "aliases": "CVE-1"}, "'aliases' is str"),
+        ({"id": "X-1", "modified": "2024-01-01T00:00:00Z", "affected": [], "aliases": "CVE-1"}, "'aliases' is str"),
     ],
 )
 def test_not_osv_raises_value_error_naming_the_record(data: dict[str, Any], message: str) -> None:
@@ -213,3 +220,76 @@ def test_not_osv_raises_value_error_naming_the_record(data: dict[str, Any], mess
     if "id" in data:
         with pytest.raises(ValueError, match="'X-1'"):
             parse_osv(data)
+
+
+# -- Ubuntu's records keep their ids, severity and binaries (issue 23, item 4) -----------------------
+
+
+def test_ubuntu_cve_record_keeps_its_cve_usn_cvss_and_binaries() -> None:
+    """This record puts CVE-2023-4911 and USN-6409-1 in `related`, not `upstream`."""
+    advisory = parse_osv(_json("UBUNTU-CVE-2023-4911.json"))
+    assert advisory.aliases == ("CVE-2023-4911", "USN-6409-1")
+    assert advisory.key() == "CVE-2023-4911"
+    assert (advisory.severity, advisory.cvss_score) == ("high", 7.8)
+    assert advisory.cvss_vector == "CVSS:3.1/AV:L/AC:L/PR:L/UI:N/S:U/C:H/I:H/A:H"
+    jammy, noble = advisory.affected
+    assert (jammy.release, jammy.package, jammy.fixed) == ("22.04", "glibc", "2.35-0ubuntu3.4")
+    assert {"libc6", "libc-bin", "locales", "nscd"} <= set(jammy.binaries)
+    assert len(jammy.binaries) == 28
+    assert "libc6-dev-dbgsym" in noble.binaries
+    assert "libc6-dev-dbgsym" not in jammy.binaries
+
+
+def test_usn_record_names_the_cves_it_fixes() -> None:
+    advisory = parse_osv(_json("USN-6409-1.json"))
+    assert advisory.aliases == ("CVE-2023-4527", "CVE-2023-4911", "UBUNTU-CVE-2023-4527", "UBUNTU-CVE-2023-4911")
+    assert advisory.severity == "unknown"  # a USN carries no severity of its own
+    assert advisory.summary == "glibc vulnerabilities"
+
+
+def test_ubuntu_priority_is_the_severity_without_cvss() -> None:
+    data = _json("UBUNTU-CVE-2023-4911.json")
+    del data["severity"]
+    assert parse_osv(data).severity == "high"  # ecosystem_specific.ubuntu_priority
+
+
+def test_binaries_round_trip_through_the_wire_form() -> None:
+    from gpufleet.assets.records import advisory_from_json, advisory_to_json
+
+    advisory = parse_osv(_json("UBUNTU-CVE-2023-4911.json"))
+    assert advisory_from_json(advisory_to_json(advisory)) == advisory
+    assert "binaries" not in advisory_to_json(parse_osv(_json("DSA-3029-1.json")))["affected"][0]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"modified": None}, "no 'modified' time"),
+        ({"modified": "2023-10-03T17:"}, "not an RFC 3339 date-time"),
+        ({"published": "2023-10-03"}, "not an RFC 3339 date-time"),
+        ({"severity": [{"type": "CVSS_V3"}]}, "needs a type and a score"),
+        (
+            {"severity": [{"type": "CVSS_V3", "score": "CVSS:3.1/AV:L/AC:L/PR:L/UI:N/S:U/C:H/I:H/A:"}]},
+            "not a valid CVSS",
+        ),
+    ],
+)
+def test_a_broken_record_is_refused_not_read_short(change: dict[str, Any], message: str) -> None:
+    data = _json("UBUNTU-CVE-2023-4911.json") | change
+    with pytest.raises(ValueError, match=message):
+        parse_osv(data)
+
+
+def test_broken_ranges_and_binaries_are_refused() -> None:
+    data = _json("UBUNTU-CVE-2023-4911.json")
+    data["affected"][0]["ranges"][0]["events"] = []
+    with pytest.raises(ValueError, match="range has no events"):
+        parse_osv(data)
+    data = _json("UBUNTU-CVE-2023-4911.json")
+    data["affected"][0]["ranges"][0]["events"][1] = {"fixed": None}
+    with pytest.raises(ValueError, match="a version is empty"):
+        parse_osv(data)
+    data = _json("UBUNTU-CVE-2023-4911.json")
+    data["affected"][0]["ecosystem_specific"]["binaries"].append({"binary_version": "2.35-0ubuntu3.4"})
+    with pytest.raises(ValueError, match="has no binary_name"):
+        parse_osv(data)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.cli.test_logs_cli import gpufleet
 from tests.conftest import FIXTURES
 
@@ -131,3 +133,79 @@ def test_gpufleets_own_export_from_a_real_h200_is_clear_until_its_driver_is_an_o
     older = tmp_path / "older.json"
     older.write_text(json.dumps(data))
     assert seen(scan(older)[0]) == {("CVE-2023-0184", "driver", "525.85.12", "525.105.17")}
+
+
+# -- issue 23, items 1-5 -------------------------------------------------------------------------------
+
+
+def test_an_apt_list_of_a_half_upgraded_jammy_machine_finds_glibc_by_binary_name() -> None:
+    """Colab's real jammy list: libc-bin left at 2.35-0ubuntu3.1 while libc6 reached the fix 3.4.
+    Ubuntu's glibc records name the source `glibc`; the list names binaries only."""
+    findings, stderr, code = scan(SOFTWARE / "0042aa2_apt-list-jammy-excerpt.txt", "--distro", "ubuntu:22.04")
+    assert code == 0, stderr
+    assert seen(findings) == {("UBUNTU-CVE-2023-4911", "libc-bin", "2.35-0ubuntu3.1", "2.35-0ubuntu3.4")}
+    [finding] = findings
+    assert (finding["problem"], finding["severity"], finding["cvss_score"]) == ("CVE-2023-4911", "high", 7.8)
+    assert finding["aliases"] == ["CVE-2023-4911", "USN-6409-1"]
+    assert finding["also"] == ["USN-6409-1"]
+    assert finding["notes"] == []  # found through the record's binary list: no guess to own up to
+
+
+def test_advisories_take_several_paths_after_one_flag_or_repeated() -> None:
+    inventory = str(SOFTWARE / "0042aa2_apt-list-jammy-excerpt.txt")
+    names = ("DSA-3029-1.json", "USN-6409-1.json", "UBUNTU-CVE-2023-4911.json")
+    paths = [str(FIXTURES / "advisories" / name) for name in names]
+    after_one = gpufleet(
+        "cve", "scan", "--inventory", inventory, "--distro", "ubuntu:22.04", "--advisories", *paths, "-o", "json"
+    )
+    assert after_one.returncode == 0, after_one.stderr
+    assert "against 3 advisories" in after_one.stderr
+    repeated = [arg for path in paths for arg in ("--advisories", path)]
+    again = gpufleet("cve", "scan", "--inventory", inventory, "--distro", "ubuntu:22.04", *repeated, "-o", "json")
+    assert (again.returncode, again.stdout) == (0, after_one.stdout)
+    assert {f["advisory"] for f in json.loads(after_one.stdout)} == {"UBUNTU-CVE-2023-4911"}
+
+
+def test_dpkg_l_is_accepted(tmp_path: Path) -> None:
+    findings, stderr, code = scan(SOFTWARE / "debian12-dpkg-l.txt", "--distro", "debian:12")
+    assert (findings, code) == ([], 0), stderr
+    assert "724 packages (Debian 12)" in stderr
+    assert "matched by binary name" in stderr
+
+
+def test_a_vulnerable_container_toolkit_package_is_found_through_its_go_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real list with the toolkit's deb added in the shape apt prints it (NVIDIA's repository names
+    no suite: "/unknown", as Colab's CUDA packages show)."""
+    listing = (SOFTWARE / "0042aa2_apt-list-jammy-excerpt.txt").read_text()
+    toolkit = "nvidia-container-toolkit/unknown,now 1.16.1-1 amd64 [installed]\n"
+    inventory = tmp_path / "apt-list.txt"
+    inventory.write_text(listing + toolkit)
+    findings, stderr, _ = scan(inventory, "--distro", "ubuntu:22.04")
+    assert ("GO-2024-3239", "nvidia-container-toolkit", "1.16.1-1", "1.16.2") in seen(findings), stderr
+    inventory.write_text(listing + toolkit.replace("1.16.1-1", "1.16.2-1"))
+    assert all(f["package"] != "nvidia-container-toolkit" for f in scan(inventory, "--distro", "ubuntu:22.04")[0])
+    # An admin's own link, from the setting or the command line; a bad one is one clear line.
+    inventory.write_text(listing + "nvidia-ctk-fork/unknown,now 1.16.1-1 amd64 [installed]\n")
+    assert all(f["package"] != "nvidia-ctk-fork" for f in scan(inventory, "--distro", "ubuntu:22.04")[0])
+    link = "nvidia-ctk-fork = Go:github.com/NVIDIA/nvidia-container-toolkit"
+    linked = seen(scan(inventory, "--distro", "ubuntu:22.04", "--link", link)[0])
+    assert ("GO-2024-3239", "nvidia-ctk-fork", "1.16.1-1", "1.16.2") in linked
+    monkeypatch.setenv("GPUFLEET_PACKAGE_LINKS", json.dumps([link]))
+    assert seen(scan(inventory, "--distro", "ubuntu:22.04")[0]) == linked
+    _, stderr, code = scan(inventory, "--distro", "ubuntu:22.04", "--link", "x = Cargo:y")
+    assert code == 2
+    assert "must be one of" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_a_truncated_advisory_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    cut = tmp_path / "PYSEC-2023-74.yaml"
+    text = (FIXTURES / "advisories" / "PYSEC-2023-74.yaml").read_text()
+    cut.write_text(text[: text.index("aliases:")])  # cut at a line end: still valid YAML
+    result = gpufleet("cve", "scan", "--inventory", str(SOFTWARE / "pip-freeze.txt"), "--advisories", str(cut))
+    assert result.returncode == 2
+    assert str(cut) in result.stderr
+    assert "'modified'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -2,7 +2,6 @@
 collector and send it; an advisory imported with the CLI is matched by the leader's pass; the report,
 the version matrix and the drift name the node left on an older image."""
 
-import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,24 +9,14 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import FIXTURES
 from tests.e2e.conftest import Head, cli_json, run_cli, start_sim, wait_for
 
 pytestmark = pytest.mark.e2e
 FAST = {"GPUFLEET_CVE_EVALUATE_INTERVAL_S": "0.5"}
-# Ubuntu's fix of CVE-2023-4911 ("Looney Tunables") for 22.04 is glibc 2.35-0ubuntu3.4 (USN-6409-1);
-# this OSV record restates that fact in the shape Ubuntu's OSV feed gives it.
-LOONEY_TUNABLES = {
-    "id": "UBUNTU-CVE-2023-4911",
-    "upstream": ["CVE-2023-4911"],
-    "summary": "glibc: buffer overflow in ld.so's GLIBC_TUNABLES handling",
-    "severity": [{"type": "CVSS_V3", "score": "CVSS:3.1/AV:L/AC:L/PR:L/UI:N/S:U/C:H/I:H/A:H"}],
-    "affected": [
-        {
-            "package": {"ecosystem": "Ubuntu:22.04:LTS", "name": "glibc"},
-            "ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "2.35-0ubuntu3.4"}]}],
-        }
-    ],
-}
+# Ubuntu's own OSV record of CVE-2023-4911 ("Looney Tunables"): glibc on 22.04 fixed in 2.35-0ubuntu3.4
+# (tests/fixtures/advisories, provenance in tests/fixtures/SOURCES.md).
+LOONEY_TUNABLES = FIXTURES / "advisories" / "UBUNTU-CVE-2023-4911.json"
 
 
 @pytest.fixture
@@ -55,9 +44,7 @@ def test_a_node_on_an_older_image_is_found_by_an_imported_advisory(head: Head, t
         }
         assert set(matrix()["driver"]) == {"580.159.04"}  # what the simulated NVML reports
 
-        advisory = tmp_path / "UBUNTU-CVE-2023-4911.json"
-        advisory.write_text(json.dumps(LOONEY_TUNABLES))
-        imported = run_cli(tmp_path, "cve", "import", str(advisory), server=head.url)
+        imported = run_cli(tmp_path, "cve", "import", str(LOONEY_TUNABLES), server=head.url)
         assert imported.returncode == 0, imported.stderr
         assert imported.stdout.strip() == "1 new, 0 updated, 0 unchanged"
 

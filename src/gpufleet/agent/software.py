@@ -4,7 +4,8 @@ Every source is optional: a missing tool, an unreadable file or a machine withou
 the inventory's `notes` and the rest is still collected. What is reported, by ecosystem:
 
 - the distribution's packages (ecosystem "Ubuntu", "Debian", "Rocky Linux", ...): dpkg-query, or
-  /var/lib/dpkg/status, or rpm; Debian/Ubuntu ones with their source package and version;
+  /var/lib/dpkg/status, or rpm; each with the source package advisories may name instead (Debian's
+  ${source:Package} and its version, rpm's %{SOURCERPM});
 - Python distributions ("PyPI", normalized names) from each environment's *.dist-info/METADATA, no
   subprocess; location: the site-packages directory;
 - "Linux" "kernel": uname -r (also the inventory's `kernel`);

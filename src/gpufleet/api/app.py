@@ -71,6 +71,8 @@ from gpufleet.api.routers import (
 from gpufleet.api.security_headers import SecurityHeaders
 from gpufleet.api.service_proxy import ServiceProxy
 from gpufleet.api.templates import STATIC_DIR, StaticFiles
+from gpufleet.assets.evaluate import Evaluator
+from gpufleet.assets.links import package_links
 from gpufleet.auth import identity
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.throttle import LoginThrottle
@@ -205,6 +207,14 @@ def _add_middleware(app: FastAPI, settings: Settings) -> None:
     app.add_middleware(SecurityHeaders)  # outermost: every answer has them, the refusals above too
 
 
+def _evaluator(settings: Settings) -> Evaluator:
+    """The CVE evaluator with gpufleet's package links and the admin's. Raises ConfigError for a bad link."""
+    try:
+        return Evaluator(package_links(settings.package_links))
+    except ValueError as exc:
+        raise ConfigError(f"package_links: {exc}") from None
+
+
 def create_app(
     settings: Settings,
     sessions: sessionmaker[Session],
@@ -272,6 +282,7 @@ def create_app(
         is_leader=lambda: loops.leads,
         on_alerts=notifications.submit,
         interval_s=settings.cve_evaluate_interval_s,
+        evaluator=_evaluator(settings),
     )
     ca_pem = _served_ca(settings)
     ctx = HeadContext(

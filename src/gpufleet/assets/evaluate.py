@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from sqlalchemy import Connection, Table, bindparam, delete, insert, select, upd
 from sqlalchemy.orm import Session
 
 from gpufleet.assets import store
+from gpufleet.assets.links import DEFAULT_LINKS, PackageLink
 from gpufleet.assets.matching import Matcher
 from gpufleet.assets.models import FindingRecord, ImageFinding, ImageSoftware, NodeSoftware, SoftwareSet
 from gpufleet.assets.records import Distro, Finding, Installed
@@ -71,7 +72,7 @@ def _wanted(finding: Finding) -> tuple[_KeyTail, _Wanted]:
     }
     signature = hashlib.blake2b(repr(tuple(values.values())).encode(), digest_size=8).hexdigest()
     values["signature"] = signature
-    return (finding.advisory.key(), pkg.ecosystem, pkg.name, pkg.location or ""), (values, signature)
+    return (finding.key(), pkg.ecosystem, pkg.name, pkg.location or ""), (values, signature)
 
 
 def _image_row(image: str, tail: _KeyTail, values: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +84,9 @@ def _image_row(image: str, tail: _KeyTail, values: dict[str, Any]) -> dict[str, 
 
 
 class Evaluator:
-    def __init__(self) -> None:
+    def __init__(self, links: Iterable[PackageLink] = DEFAULT_LINKS) -> None:
+        """`links`: the other ecosystems distribution packages are advised under (assets.links)."""
+        self._links = tuple(links)
         self._version: tuple[int, float] | None = None
         self._matcher: Matcher | None = None
         self._sets: dict[str, list[Installed]] = {}  # decoded software sets, by digest
@@ -106,7 +109,7 @@ class Evaluator:
     def _matcher_for(self, session: Session) -> Matcher:
         version = store.advisories_version(session)
         if self._matcher is None or version != self._version:
-            self._matcher = Matcher(store.advisory_index(session))
+            self._matcher = Matcher(store.advisory_index(session), self._links)
             self._version = version
         return self._matcher
 

@@ -10,8 +10,11 @@ dpkg-status         /var/lib/dpkg/status (RFC 822 stanzas; source packages from 
 dpkg-query          dpkg-query -W -f='${Package}\\t${Version}\\t${Architecture}\\t${source:Package}\\t
                     ${source:Version}[\\t${db:Status-Abbrev}]\\n' (5 or 6 tab-separated columns)
 dpkg-query-3col     dpkg-query -W -f='${Package}\\t${Version}\\t${Architecture}\\n' (binary names only)
+dpkg-query-source   dpkg-query -W -f='${binary:Package} ${source:Package} ${Version}\\n' (space-separated)
+dpkg-l              dpkg -l (the table, with or without its header; binary names only)
 apt-list            apt list --installed (binary names only)
-rpm-qa              rpm -qa --qf '%{NAME}\\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\\t%{ARCH}\\n'  (see RPM_QUERY_FORMAT)
+rpm-qa              rpm -qa --qf '%{NAME}\\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\\t%{ARCH}[\\t%{SOURCERPM}]\\n'
+                    (see RPM_QUERY_FORMAT; with the 4th column, packages keep their source RPM's name)
 rpm-nevra           plain rpm -qa (name-version-release.arch; the epoch is not shown, so it is unknown)
 pip-freeze          pip freeze
 pip-list-json       pip list --format=json
@@ -50,11 +53,12 @@ DPKG_QUERY_FORMAT = (
     "${Package}\\t${Version}\\t${Architecture}\\t${source:Package}\\t${source:Version}\\t${db:Status-Abbrev}\\n"
 )
 # EPOCHNUM prints 0 where a package has no epoch (EPOCH would print "(none)"), so every line has E:V-R.
-RPM_QUERY_FORMAT = "%{NAME}\\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\\t%{ARCH}\\n"
+# SOURCERPM ("glibc-2.34-60.el9.src.rpm") names the source package some advisories name.
+RPM_QUERY_FORMAT = "%{NAME}\\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\\t%{ARCH}\\t%{SOURCERPM}\\n"
 
 ACCEPTED = (
-    "dpkg-query -W output, /var/lib/dpkg/status, apt list --installed, rpm -qa (plain or with gpufleet's --qf), "
-    "pip freeze, pip list --format=json, or a gpufleet-software/1 JSON export"
+    "dpkg-query -W output, /var/lib/dpkg/status, dpkg -l, apt list --installed, "
+    "rpm -qa (plain or with gpufleet's --qf), pip freeze, pip list --format=json, or a gpufleet-software/1 JSON export"
 )
 DISTRO_HINT = "give --distro ubuntu:22.04 (or debian:12, rocky:9, almalinux:9, rhel:9)"
 
@@ -76,6 +80,20 @@ _APT_LINE = re.compile(
 _PIP_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _PIP_PINNED = re.compile(rf"^(?P<name>{_PIP_NAME})\s*===?\s*(?P<version>\S+)$")
 _PIP_DIRECT = re.compile(rf"^(?P<name>{_PIP_NAME})(?:\[[^\]]*\])?\s+@\s+(?P<url>\S+)$")
+# A row of `dpkg -l`: desired action, status and error flags (the error flag is blank or R), the name
+# (`libc6:amd64` for a multi-arch package), version, architecture and description.
+_DPKG_L_ROW = re.compile(
+    r"^(?P<flags>[uihrp][ncHUFWti][ R]?)\s+(?P<name>[a-z0-9][a-z0-9+.-]*(?::[a-z0-9-]+)?)\s+"
+    r"(?P<version>[A-Za-z0-9.+~:-]+)\s+(?P<arch>[a-z0-9-]+)(?:\s+.*)?$"
+)
+# Its header: "Desired=...", "| Status=...", "|/ Err?=...", "||/ Name ...", "+++-====...".
+_DPKG_L_HEADER = ("Desired=", "|", "+++-")
+# `dpkg-query -W -f='${binary:Package} ${source:Package} ${Version}\n'`: three space-separated
+# fields, the last a Debian version (digits first, after an optional epoch).
+_DPKG_SOURCE_ROW = re.compile(
+    r"^(?P<name>[a-z0-9][a-z0-9+.-]*(?::[a-z0-9-]+)?) (?P<source>[a-z0-9][a-z0-9+.-]*)"
+    r" (?P<version>(?:\d+:)?\d[A-Za-z0-9.+~:-]*)$"
+)
 # name-version-release.arch; the name may itself contain dashes, so version and release are the last two.
 _NEVRA = re.compile(r"^(?P<name>\S+)-(?P<version>[^-\s]+)-(?P<release>[^-\s]+)\.(?P<arch>[A-Za-z0-9_]+)$")
 
@@ -254,6 +272,46 @@ def parse_dpkg_status(text: str, ecosystem: str) -> list[Installed]:
     return packages
 
 
+def _without_arch(name: str) -> str:
+    """`libc6:amd64` -> `libc6`: dpkg qualifies multi-arch packages; the arch has its own column."""
+    return name.split(":", 1)[0]
+
+
+def parse_dpkg_l(text: str, ecosystem: str) -> list[Installed]:
+    """`dpkg -l` as admins paste it, header or not: one Installed per row whose files are on disk
+    (status `i`, `U`, `F`, `W` or `t`: `ii`, `iU`, ...; `rc`, removed with its configuration kept, is
+    left out). Binary names only. Raises ValueError on a line that is neither header nor row."""
+    packages = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.rstrip()
+        if not line.strip() or line.startswith(_DPKG_L_HEADER):
+            continue
+        match = _DPKG_L_ROW.match(line)
+        if match is None:
+            raise ValueError(f"dpkg -l line {number} is not 'ii  name  version  arch  description': {line[:120]!r}")
+        if match["flags"][1] in _DPKG_PRESENT_ABBREV:
+            packages.append(Installed(ecosystem, _without_arch(match["name"]), match["version"], arch=match["arch"]))
+    return packages
+
+
+def parse_dpkg_query_source(text: str, ecosystem: str) -> list[Installed]:
+    """`dpkg-query -W -f='${binary:Package} ${source:Package} ${Version}\\n'`: binary name, source
+    name, version (the source version is unknown there: the binary's stands in for it, as it does for
+    all but binNMUs). Raises ValueError on another line."""
+    packages = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _DPKG_SOURCE_ROW.match(line)
+        if match is None:
+            raise ValueError(f"dpkg-query line {number} is not 'binary source version': {line[:120]!r}")
+        name, version = match["name"], match["version"]
+        arch = name.split(":", 1)[1] if ":" in name else None
+        packages.append(Installed(ecosystem, _without_arch(name), version, match["source"], version, arch))
+    return packages
+
+
 def _apt_lines(text: str) -> Iterator[tuple[int, str]]:
     """(line number, line) of the package lines of `apt list`: headers, warnings and comments skipped."""
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -277,7 +335,7 @@ def parse_apt_list(text: str, ecosystem: str) -> list[Installed]:
         if "installed" not in flags:
             continue
         # Foreign-architecture packages may be listed as name:arch; the arch has its own column.
-        name = match["name"].split(":", 1)[0]
+        name = _without_arch(match["name"])
         packages.append(Installed(ecosystem, name, match["version"], arch=match["arch"]))
     return packages
 
@@ -372,22 +430,37 @@ def rpm_version(evr: str) -> str:
     return rest if epoch in ("", "0", "(none)") else evr
 
 
+def source_rpm_name(source_rpm: str) -> str | None:
+    """The package name of a source RPM file name: "glibc-2.34-60.el9.src.rpm" -> "glibc"; None for
+    "(none)" (gpg-pubkey) or anything else."""
+    match = re.fullmatch(r"(?P<name>\S+)-[^-\s]+-[^-\s]+\.(?:no)?src\.rpm", source_rpm)
+    return match["name"] if match else None
+
+
 def parse_rpm_qa(text: str, ecosystem: str = "") -> list[Installed]:
-    """Output of `rpm -qa --qf RPM_QUERY_FORMAT`: name, epoch:version-release, arch, tab-separated.
+    """Output of `rpm -qa --qf RPM_QUERY_FORMAT`: name, epoch:version-release, arch and, in a 4th
+    column, the source RPM (3 columns, the older format, are read too), tab-separated.
 
     rpm does not say which distribution it belongs to: give `ecosystem` ("Rocky Linux", "Red Hat", ...);
     left "" it must be filled in by the caller (`detect_and_parse` does, from its `distro`). gpg-pubkey
-    entries (imported signing keys, not software) are left out. Raises ValueError on a line without
-    three columns.
+    entries (imported signing keys, not software) are left out. A package keeps its source RPM's name
+    as its source (its version: the binary's, which a source RPM shares). Raises ValueError on a line
+    without three or four columns.
     """
     packages = []
     for number, columns in _tab_lines(text):
-        if len(columns) != 3:
-            raise ValueError(f"rpm line {number}: expected 3 tab-separated columns (name, E:V-R, arch)")
-        name, evr, arch = columns
+        if len(columns) not in (3, 4):
+            raise ValueError(
+                f"rpm line {number}: expected 3 or 4 tab-separated columns (name, E:V-R, arch, source RPM)"
+            )
+        name, evr, arch = columns[:3]
         if name == "gpg-pubkey" or not name or not evr:
             continue
-        packages.append(Installed(ecosystem, name, rpm_version(evr), arch=None if arch == "(none)" else arch))
+        version = rpm_version(evr)
+        source = source_rpm_name(columns[3]) if len(columns) == 4 else None
+        packages.append(
+            Installed(ecosystem, name, version, source, version if source else None, None if arch == "(none)" else arch)
+        )
     return packages
 
 
@@ -473,6 +546,8 @@ def _tab_kind(lines: list[str], distro: Distro | None) -> str:
     columns = len(lines[0].split("\t"))
     if columns in (5, 6):
         return "dpkg-query"
+    if columns == 4 and lines[0].split("\t")[3].strip().endswith((".rpm", "(none)")):
+        return "rpm-qa"  # with the source RPM
     if columns != 3:
         raise ValueError(
             f"tab-separated text with {columns} columns is not dpkg-query or rpm output; accepted: {ACCEPTED}"
@@ -491,22 +566,32 @@ def _tab_kind(lines: list[str], distro: Distro | None) -> str:
     )
 
 
+# What the first package line of each line-per-package format looks like.
+_LINE_SHAPES = (
+    ("dpkg-l", _DPKG_L_ROW),
+    ("dpkg-query-source", _DPKG_SOURCE_ROW),
+    ("apt-list", _APT_LINE),
+    ("pip-freeze", _PIP_PINNED),
+    ("pip-freeze", _PIP_DIRECT),
+    ("rpm-nevra", _NEVRA),
+)
+
+
 def _detect(text: str, distro: Distro | None) -> str:
     """The kind of a non-JSON software list; raises ValueError naming the accepted formats."""
     if re.search(r"^Package:", text, re.MULTILINE) and re.search(r"^Status:", text, re.MULTILINE):
         return "dpkg-status"
-    lines = _meaningful_lines(text)
+    lines = [line for line in _meaningful_lines(text) if not line.startswith(_DPKG_L_HEADER)]
     if not lines:
         raise ValueError(f"no packages in the file; accepted: {ACCEPTED}")
     first = lines[0]
     if "\t" in first:
         return _tab_kind(lines, distro)
-    if _APT_LINE.match(first):
-        return "apt-list"
-    if _PIP_PINNED.match(first) or _PIP_DIRECT.match(first) or first.startswith(("-e ", "--editable")):
+    if first.startswith(("-e ", "--editable")):
         return "pip-freeze"
-    if _NEVRA.match(first):
-        return "rpm-nevra"
+    kind = next((kind for kind, shape in _LINE_SHAPES if shape.match(first)), None)
+    if kind is not None:
+        return kind
     raise ValueError(f"not a software list gpufleet reads (first line {first[:80]!r}); accepted: {ACCEPTED}")
 
 
@@ -556,14 +641,20 @@ _DISTRO_PARSERS: dict[str, Callable[[str, str], list[Installed]]] = {
     "dpkg-status": parse_dpkg_status,
     "dpkg-query": parse_dpkg_query,
     "dpkg-query-3col": parse_dpkg_query,
+    "dpkg-query-source": parse_dpkg_query_source,
+    "dpkg-l": parse_dpkg_l,
     "apt-list": parse_apt_list,
     "rpm-qa": parse_rpm_qa,
     "rpm-nevra": parse_rpm_nevra,
 }
-_BINARY_ONLY = {"dpkg-query-3col", "apt-list"}
-_BINARY_ONLY_NOTE = "no source package names: advisories (which name source packages) are matched by binary name"
+_BINARY_ONLY = {"dpkg-query-3col", "dpkg-l", "apt-list"}
+_BINARY_ONLY_NOTE = (
+    "no source package names: advisories (which name source packages) are matched by binary name,"
+    " through the binary packages an advisory lists (Ubuntu's) or as if it were the source name"
+)
 _KIND_NOTES = {
     "dpkg-query-3col": (_BINARY_ONLY_NOTE,),
+    "dpkg-l": (_BINARY_ONLY_NOTE,),
     "apt-list": (_BINARY_ONLY_NOTE,),
     "rpm-nevra": ("plain rpm -qa shows no epochs: versions are compared without them",),
 }

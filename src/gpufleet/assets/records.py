@@ -27,6 +27,9 @@ ECOSYSTEMS: dict[str, str] = {
 }
 # Distributions whose packages name a source package (advisories name the source package).
 SOURCE_PACKAGE_DISTROS = ("Debian", "Ubuntu")
+# Distributions whose packages come from a source RPM: advisories name the binary package, some
+# (CSAF's source products) the source RPM, so both names are tried.
+SOURCE_RPM_DISTROS = ("Red Hat", "Rocky Linux", "AlmaLinux")
 
 Severity = Literal["critical", "high", "medium", "low", "none", "unknown"]
 SEVERITIES: tuple[Severity, ...] = ("critical", "high", "medium", "low", "none", "unknown")
@@ -45,9 +48,9 @@ class Installed:
     """One installed package (or driver, library, firmware) on a node or in an image."""
 
     ecosystem: str  # Debian, Ubuntu, Red Hat, PyPI, NVIDIA, firmware, ...
-    name: str  # the binary package's name (Debian), the distribution's (PyPI, normalized), ...
+    name: str  # the binary package's name (Debian, RPM), the distribution's (PyPI, normalized), ...
     version: str
-    source_name: str | None = None  # Debian/Ubuntu: the source package advisories name
+    source_name: str | None = None  # Debian/Ubuntu: the source package advisories name; RPM: the source RPM's
     source_version: str | None = None
     arch: str | None = None
     location: str | None = None  # a pip environment's path, a GPU's index, a NIC's name ...
@@ -72,6 +75,7 @@ class Affected:
     ranges: tuple[Range, ...] = ()
     versions: tuple[str, ...] = ()  # explicitly affected versions
     fixed: str | None = None  # the first fixed version, when the advisory names one (for the report)
+    binaries: tuple[str, ...] = ()  # Debian/Ubuntu: the binary packages the source builds (Ubuntu's OSV)
 
 
 @dataclass(frozen=True)
@@ -102,10 +106,15 @@ class Finding:
     fixed: str | None  # the version that fixes it for this package, if any
     also: tuple[str, ...] = ()  # other advisories of the same problem (same CVE) that matched too
     notes: tuple[str, ...] = field(default=())  # e.g. "matched by binary name: no source package known"
+    problem: str | None = None  # the problem (CVE) it is about, where not its advisory's own key()
+
+    def key(self) -> str:
+        """The problem this finding is about: one CVE, one finding per package."""
+        return self.problem or self.advisory.key()
 
 
 def affected_to_json(affected: Affected) -> dict[str, Any]:
-    return {
+    data: dict[str, Any] = {
         "ecosystem": affected.ecosystem,
         "package": affected.package,
         "release": affected.release,
@@ -113,6 +122,9 @@ def affected_to_json(affected: Affected) -> dict[str, Any]:
         "versions": list(affected.versions),
         "fixed": affected.fixed,
     }
+    if affected.binaries:  # only then: a record without binaries keeps the content hash it had
+        data["binaries"] = list(affected.binaries)
+    return data
 
 
 def affected_from_json(data: dict[str, Any]) -> Affected:
@@ -123,6 +135,7 @@ def affected_from_json(data: dict[str, Any]) -> Affected:
         ranges=tuple(Range(r["kind"], tuple((k, v) for k, v in r["events"])) for r in data.get("ranges", [])),
         versions=tuple(data.get("versions", [])),
         fixed=data.get("fixed"),
+        binaries=tuple(data.get("binaries", [])),
     )
 
 

@@ -21,6 +21,7 @@ from rich.progress import MofNCompleteColumn, Progress, SpinnerColumn, TextColum
 
 from gpufleet.assets.advisories.load import AdvisoryError, load_paths
 from gpufleet.assets.installed import detect_and_parse, parse_distro_arg
+from gpufleet.assets.links import package_links
 from gpufleet.assets.matching import AdvisoryIndex, Matcher
 from gpufleet.assets.records import SEVERITIES, Finding, advisory_to_json
 from gpufleet.cli.logs import read_log
@@ -34,6 +35,7 @@ app = typer.Typer(help="Advisories (CVEs) and which nodes they affect.", no_args
 def finding_json(finding: Finding) -> dict[str, Any]:
     advisory, installed = finding.advisory, finding.installed
     return {
+        "problem": finding.key(),
         "advisory": advisory.id,
         "aliases": list(advisory.aliases),
         "also": list(finding.also),
@@ -58,15 +60,27 @@ def _severity_at_least(value: str | None) -> str | None:
 
 @app.command("scan")
 def scan(
+    ctx: typer.Context,
     inventory: Annotated[
         Path,
         typer.Option(
-            "--inventory", help="dpkg status, dpkg-query, apt list, rpm, pip freeze or a gpufleet export; - for stdin"
+            "--inventory",
+            help="dpkg status, dpkg-query, dpkg -l, apt list, rpm, pip freeze or a gpufleet export; - for stdin",
         ),
     ],
     advisories: Annotated[
-        list[Path], typer.Option("--advisories", help="OSV, NVD or CSAF files, directories or OSV zip archives")
+        list[Path],
+        typer.Option(
+            "--advisories",
+            help="OSV, NVD or CSAF files, directories or OSV zip archives: --advisories A B C, or repeated",
+        ),
     ],
+    more_advisories: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            metavar="PATH", help="more advisory paths: the B and C of `--advisories A B C`", show_default=False
+        ),
+    ] = None,
     distro: Annotated[
         str | None,
         typer.Option(help="the inventory's distribution, e.g. ubuntu:22.04 (dpkg, apt and rpm lists need it)"),
@@ -74,28 +88,40 @@ def scan(
     fail_on: Annotated[
         str | None, typer.Option(help="exit 1 when a finding is at least this severe: critical, high, medium, low")
     ] = None,
+    link: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--link",
+            help="PACKAGE = ECOSYSTEM:NAME: a distribution package advised under another name, beyond the"
+            " built-in links and the package_links setting (repeat)",
+        ),
+    ] = None,
     output: Format = OutputOpt,
 ) -> None:
     """Match an inventory file against advisory files, offline. One finding per problem and package."""
     threshold = _severity_at_least(fail_on)
     try:
+        links = package_links([*state(ctx).settings().package_links, *(link or [])])
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    try:
         parsed = detect_and_parse(read_log(inventory), parse_distro_arg(distro) if distro else None)
     except ValueError as exc:
         raise InvalidInput(f"{inventory}: {exc}") from None
     try:
-        index = AdvisoryIndex(advisory for _origin, advisory in load_paths(advisories))
+        index = AdvisoryIndex(advisory for _origin, advisory in load_paths([*advisories, *(more_advisories or [])]))
     except AdvisoryError as exc:
         raise InvalidInput(str(exc)) from None
-    result = Matcher(index).scan(parsed.packages, parsed.distro)
+    result = Matcher(index, links).scan(parsed.packages, parsed.distro)
     rank: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
-    findings = sorted(result.findings, key=lambda f: (rank[f.advisory.severity], f.advisory.key(), f.installed.name))
+    findings = sorted(result.findings, key=lambda f: (rank[f.advisory.severity], f.key(), f.installed.name))
     if output is Format.json:
         print_json([finding_json(f) for f in findings])
     else:
         rows = [
             {
                 "severity": f.advisory.severity,
-                "problem": f.advisory.key(),
+                "problem": f.key(),
                 "advisory": f.advisory.id,
                 "package": f.installed.name,
                 "installed": f.installed.version,

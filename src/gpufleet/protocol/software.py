@@ -33,6 +33,7 @@ class SoftwarePackage(BaseModel):
     ecosystem: Ecosystem  # Debian, Ubuntu, Rocky Linux, PyPI, NVIDIA, firmware, Linux, container-image
     name: Name
     version: Version
+    # The source package advisories may name instead: Debian/Ubuntu's (glibc for libc6), the source RPM's.
     source_name: Name | None = None
     source_version: Version | None = None
     arch: ShortText | None = None

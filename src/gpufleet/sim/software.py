@@ -3,8 +3,12 @@ small file tree of the node's own and its simulated NVML, so the head, the asset
 matching see a node like a real one: Ubuntu 22.04 packages with their source packages, the driver,
 CUDA and each GPU's VBIOS as the simulated NVML reports them.
 
-The packages are real Ubuntu 22.04 (jammy) packages at versions jammy once shipped; `variant` moves a
-node to an older image (as a node left behind by an upgrade), so a simulated fleet shows drift.
+The packages are real Ubuntu 22.04 (jammy) packages at versions jammy once shipped, and the NVIDIA
+Container Toolkit from NVIDIA's apt repository (advised as a Go module: assets.links matches it); the
+status file names each package's source, as dpkg records it. `variant` moves a node to an older image
+(as a node left behind by an upgrade), so a simulated fleet shows drift and, once advisories are
+imported, findings: the older image's glibc predates the fix of CVE-2023-4911 and its toolkit the fix
+of CVE-2024-0132.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ IMAGES: dict[str, list[tuple[str, str, str, str]]] = {
         ("openssh-server", "1:8.9p1-3ubuntu0.10", "openssh", "1:8.9p1-3ubuntu0.10"),
         ("bash", "5.1-6ubuntu1.1", "bash", "5.1-6ubuntu1.1"),
         ("python3.10", "3.10.12-1~22.04.6", "python3.10", "3.10.12-1~22.04.6"),
+        ("nvidia-container-toolkit", "1.17.3-1", "nvidia-container-toolkit", "1.17.3-1"),
+        ("nvidia-container-toolkit-base", "1.17.3-1", "nvidia-container-toolkit", "1.17.3-1"),
     ],
     "older": [
         ("libc6", "2.35-0ubuntu3.1", "glibc", "2.35-0ubuntu3.1"),
@@ -40,6 +46,8 @@ IMAGES: dict[str, list[tuple[str, str, str, str]]] = {
         ("openssh-server", "1:8.9p1-3ubuntu0.1", "openssh", "1:8.9p1-3ubuntu0.1"),
         ("bash", "5.1-6ubuntu1", "bash", "5.1-6ubuntu1"),
         ("python3.10", "3.10.6-1~22.04.2", "python3.10", "3.10.6-1~22.04.2"),
+        ("nvidia-container-toolkit", "1.16.1-1", "nvidia-container-toolkit", "1.16.1-1"),
+        ("nvidia-container-toolkit-base", "1.16.1-1", "nvidia-container-toolkit", "1.16.1-1"),
     ],
 }
 

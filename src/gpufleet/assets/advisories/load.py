@@ -9,11 +9,18 @@ YAML, raises `AdvisoryError` naming the file (and archive member) and what is wr
 
 YAML is read with every scalar as text (but null): an unquoted `versions: [2.10]` stays "2.10"
 instead of becoming the float 2.1, and dates stay as written.
+
+A file cut short is refused, naming it: JSON then does not parse; YAML often still does, so a YAML
+document must end with a line break (a cut inside a line is seen) and must not end on a key without
+its value (`severity:`), and the OSV parser refuses a record without its required `modified` time, a
+severity entry without its score, or a broken CVSS vector. What no reader can see is a YAML file cut
+exactly at a line end after its last required field: it reads as a shorter, valid record.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -94,11 +101,28 @@ def parse_document(data: object, origin: str) -> list[Advisory]:
         raise AdvisoryError(f"{origin}: {error}") from error
 
 
+# The last line of a YAML document cut after a key: `severity:`, `- fixed:`, `details: |`, or `-`.
+_DANGLING = re.compile(r"\s*(?:-\s*|(?:-\s+)?[^#\s][^#]*?:\s*(?:[|>][-+0-9]*)?\s*)")
+
+
+def _check_yaml_end(text: str, origin: str) -> None:
+    """Refuse YAML that ends the way a cut file does (see the module docstring)."""
+    if text and not text.endswith(("\n", "\r")):
+        raise AdvisoryError(f"{origin}: the YAML does not end with a line break: the file looks cut short")
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if lines and _DANGLING.fullmatch(lines[-1]):
+        raise AdvisoryError(
+            f"{origin}: the YAML ends with {lines[-1].strip()!r} and no value after it: the file looks cut short"
+        )
+
+
 def _decode(raw: bytes, name: str, origin: str) -> Any:
     """A document's bytes as data: YAML for .yaml/.yml names, JSON otherwise."""
     try:
         if name.lower().endswith(YAML_SUFFIXES):
-            return yaml.load(raw.decode("utf-8"), Loader=_TextLoader)  # noqa: S506 - a SafeLoader
+            text = raw.decode("utf-8")
+            _check_yaml_end(text, origin)
+            return yaml.load(text, Loader=_TextLoader)  # noqa: S506 - a SafeLoader
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as error:
         kind = "YAML" if name.lower().endswith(YAML_SUFFIXES) else "JSON"

@@ -3,12 +3,21 @@
 What the parser decides, beyond copying fields:
 
 - `aliases` are the record's `aliases` and `upstream` (Ubuntu's CVE-level records put the CVE in
-  `upstream`), CVE ids first; `related` ids are other problems and stay out.
+  `upstream`), CVE ids first; `related` ids are other problems and stay out, except what names the
+  record's own problem. An id that embeds a CVE (`UBUNTU-CVE-2023-4911`, as a record's own id or in
+  `upstream`) also gives that CVE; an Ubuntu CVE-level record keeps the CVE and the notices (`USN-...`)
+  it lists in `related`, where Ubuntu has put them in some years.
 - `summary` is `summary`, else the first non-empty line of `details`, at most 300 characters.
 - Severity: the best CVSS vector in `severity` (highest CVSS version, then highest score) gives the
   score and severity, computed by the `cvss` library rather than trusted from elsewhere; without one,
-  a word (Ubuntu's `medium`, GitHub's `database_specific.severity` `MODERATE`, ...) gives the
-  severity and no score.
+  a word (Ubuntu's `medium` or `ecosystem_specific.ubuntu_priority`, GitHub's
+  `database_specific.severity` `MODERATE`, ...) gives the severity and no score.
+- Debian/Ubuntu entries keep the binary packages their source builds (Ubuntu's
+  `ecosystem_specific.binaries`), so a list of binary names (`apt list`) is matched through them.
+- A record is checked as far as it is read: `modified` (required by OSV) and the other times must be
+  RFC 3339 date-times, every severity entry needs its type and score and a CVSS vector must be valid,
+  every range needs events with versions. A truncated or hand-broken file is refused with what is
+  wrong, never read as a shorter record that lost its severity or its fix.
 - `package.ecosystem` "Ubuntu:Pro:14.04:LTS" becomes ecosystem `Ubuntu`, release `14.04`
   (`split_ecosystem`).
 - A withdrawn record keeps its ids and text but affects nothing (`affected=()`), so it can replace
@@ -22,11 +31,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from cvss import CVSS2, CVSS3, CVSS4, CVSSError
 
-from gpufleet.assets.records import ECOSYSTEMS, Advisory, Affected, Range, Severity
+from gpufleet.assets.records import ECOSYSTEMS, SEVERITIES, Advisory, Affected, Range, Severity
 
 SUMMARY_MAX = 300
 EVENT_KINDS = ("introduced", "fixed", "last_affected", "limit")
@@ -76,8 +86,8 @@ def cvss_version(vector: str) -> int:
 
 
 def cvss_base(vector: str) -> CvssScore | None:
-    """The base score and severity of a CVSS v2, v3.x or v4 vector; None for a malformed vector, so
-    one bad vector in a feed costs that record its score, not the whole feed."""
+    """The base score and severity of a CVSS v2, v3.x or v4 vector; None for a malformed vector (the
+    NVD and CSAF parsers then fall back on the score the record states; OSV refuses the record)."""
     vector = vector.strip()
     version = cvss_version(vector)
     try:
@@ -132,15 +142,24 @@ def split_ecosystem(text: str) -> tuple[str, str | None]:
 def version_text(value: object, where: str) -> str:
     """A version from a record as text. YAML reads an unquoted `2.10` as the float 2.1, which no
     longer says which version was meant: such a record must be loaded with
-    `gpufleet.assets.advisories.load` (which keeps YAML scalars as text), not guessed at."""
-    if isinstance(value, str):
+    `gpufleet.assets.advisories.load` (which keeps YAML scalars as text), not guessed at. An empty
+    version (a YAML `fixed:` with nothing after it) is a broken record."""
+    if isinstance(value, str) and value.strip():
         return value
+    if value is None or isinstance(value, str):
+        raise ValueError(f"{where}: a version is empty (is the file cut short?)")
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)  # an integer loses nothing: 0, 10
     raise ValueError(
         f"{where}: version {value!r} is not text (a YAML number?); load YAML with "
         "gpufleet.assets.advisories.load, which keeps versions as written"
     )
+
+
+# RFC 3339 date-time, as OSV requires for `modified`, `published` and `withdrawn`.
+_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})")
+# An id that names one CVE inside another feed's id: UBUNTU-CVE-2023-4911, DEBIAN-CVE-2024-1234.
+_EMBEDDED_CVE = re.compile(r"[A-Z]+-(CVE-\d{4}-\d+)")
 
 
 def _fail(record_id: object, message: str) -> ValueError:
@@ -174,7 +193,10 @@ def _range(data: object, record_id: object) -> Range:
     if not isinstance(data, Mapping) or not isinstance(data.get("type"), str):
         raise _fail(record_id, f"range {data!r} has no type")
     events: list[tuple[str, str]] = []
-    for event in _list(data, "events", record_id):
+    raw_events = _list(data, "events", record_id)
+    if not raw_events:
+        raise _fail(record_id, f"a {data['type']} range has no events")
+    for event in raw_events:
         if not isinstance(event, Mapping):
             raise _fail(record_id, f"range event {event!r} is not an object")
         # OSV may grow event kinds; one this code does not know is left out rather than guessed at.
@@ -208,36 +230,112 @@ def _affected(data: object, record_id: object) -> Affected | None:
         ranges=ranges,
         versions=versions,
         fixed=first_fixed(ranges),
+        binaries=_binaries(data, record_id),
     )
 
 
-def _severity_entries(data: Mapping[str, Any], record_id: object) -> list[Mapping[str, Any]]:
-    """The record's `severity` entries, then those of its affected packages (schema 1.4 and later)."""
+def _ecosystem_specific(data: Mapping[str, Any], record_id: object) -> Mapping[str, Any]:
+    value = data.get("ecosystem_specific")
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _fail(record_id, f"ecosystem_specific is {type(value).__name__}, not an object")
+    return value
+
+
+def _binaries(data: Mapping[str, Any], record_id: object) -> tuple[str, ...]:
+    """The binary packages an Ubuntu entry's source builds: ecosystem_specific.binaries, each
+    {"binary_name": ..., "binary_version": ...}."""
+    names = []
+    for entry in _list(_ecosystem_specific(data, record_id), "binaries", record_id):
+        name = entry.get("binary_name") if isinstance(entry, Mapping) else None
+        if not isinstance(name, str) or not name.strip():
+            raise _fail(record_id, f"a binary package {entry!r} has no binary_name")
+        names.append(name.strip())
+    return tuple(dict.fromkeys(names))
+
+
+def _severity_entries(data: Mapping[str, Any], record_id: object) -> list[tuple[str, str]]:
+    """(type, score) of the record's `severity` entries, then those of its affected packages (schema
+    1.4 and later). An entry without its type or score is a broken record, not one to skip."""
     entries = list(_list(data, "severity", record_id))
     for affected in _list(data, "affected", record_id):
         if isinstance(affected, Mapping):
             entries.extend(_list(affected, "severity", record_id))
-    return [e for e in entries if isinstance(e, Mapping) and isinstance(e.get("score"), str)]
+    found = []
+    for entry in entries:
+        kind = entry.get("type") if isinstance(entry, Mapping) else None
+        score = entry.get("score") if isinstance(entry, Mapping) else None
+        if not isinstance(kind, str) or not isinstance(score, str) or not kind.strip() or not score.strip():
+            raise _fail(record_id, f"severity entry {entry!r} needs a type and a score")
+        found.append((kind, score))
+    return found
+
+
+def _cvss_scores(entries: list[tuple[str, str]], record_id: object) -> list[CvssScore]:
+    """Every CVSS vector's score; a vector the CVSS specification does not accept is an error."""
+    scores = []
+    for kind, vector in entries:
+        if kind in CVSS_TYPES:
+            scored = cvss_base(vector)
+            if scored is None:
+                raise _fail(record_id, f"{kind} vector {vector!r} is not a valid CVSS vector")
+            scores.append(scored)
+    return scores
 
 
 def _severity(data: Mapping[str, Any], record_id: object) -> tuple[Severity, CvssScore | None]:
     entries = _severity_entries(data, record_id)
-    best = best_cvss(e["score"] for e in entries if e.get("type") in CVSS_TYPES)
+    best = max(_cvss_scores(entries, record_id), key=lambda s: (s.version, s.score), default=None)
     if best is not None:
         return best.severity, best
+    words: list[object] = [score for kind, score in entries if kind not in CVSS_TYPES]
     database_specific = data.get("database_specific")
-    words = [e["score"] for e in entries if e.get("type") not in CVSS_TYPES]
     if isinstance(database_specific, Mapping):
         words.append(database_specific.get("severity"))
+    # Ubuntu's priority of the CVE, per release: the highest of them.
+    priorities = [
+        _ecosystem_specific(a, record_id).get("ubuntu_priority")
+        for a in _list(data, "affected", record_id)
+        if isinstance(a, Mapping)
+    ]
+    ranked = sorted((s for s in map(severity_from_word, priorities) if s != "unknown"), key=SEVERITIES.index)
+    words.extend(ranked[:1])
     return next((s for s in map(severity_from_word, words) if s != "unknown"), "unknown"), None
 
 
-def _optional_text(value: object) -> str | None:
-    """A timestamp as the record gives it; a YAML loader that made it a datetime gets it back as ISO."""
+def _time(data: Mapping[str, Any], key: str, record_id: object, *, required: bool = False) -> str | None:
+    """A timestamp as the record gives it, checked to be an RFC 3339 date-time (a cut one is an
+    error); a YAML loader that made it a datetime gets it back as ISO text."""
+    value = data.get(key)
     if value is None:
+        if required:
+            raise _fail(record_id, f"no {key!r} time (OSV requires one; is the file cut short?)")
         return None
     isoformat = getattr(value, "isoformat", None)
-    return str(isoformat()) if callable(isoformat) else str(value)
+    if callable(isoformat):
+        return str(isoformat())
+    text = str(value).strip()
+    try:
+        valid = _DATE_TIME.fullmatch(text) is not None and datetime.fromisoformat(text) is not None
+    except ValueError:
+        valid = False
+    if not valid:
+        raise _fail(record_id, f"{key!r} is {text!r}, not an RFC 3339 date-time")
+    return text
+
+
+def _aliases(data: Mapping[str, Any], record_id: str) -> tuple[str, ...]:
+    """`aliases` and `upstream`, the CVEs ids embed, and what `related` says of the same problem."""
+    ids = _texts(data, "aliases", record_id) + _texts(data, "upstream", record_id)
+    related = _texts(data, "related", record_id)
+    own_cve = _EMBEDDED_CVE.fullmatch(record_id)
+    if own_cve:
+        # UBUNTU-CVE-2023-4911 is CVE-2023-4911; Ubuntu lists that CVE and its notices in `related`.
+        ids = [own_cve[1], *ids]
+        ids += [i for i in related if i == own_cve[1] or (record_id.startswith("UBUNTU-") and i.startswith("USN-"))]
+    embedded = [found[1] for i in ids if (found := _EMBEDDED_CVE.fullmatch(i))]
+    return cve_first([*ids, *embedded], record_id)
 
 
 def parse_osv(data: Mapping[str, Any]) -> Advisory:
@@ -253,19 +351,20 @@ def parse_osv(data: Mapping[str, Any]) -> Advisory:
         raise _fail(record_id, "neither 'affected' nor 'withdrawn': not an OSV record")
     entries = [_affected(a, record_id) for a in _list(data, "affected", record_id)]
     severity, cvss = _severity(data, record_id)
+    modified = _time(data, "modified", record_id, required=True)
+    published = _time(data, "published", record_id)
+    if withdrawn is not None:
+        _time(data, "withdrawn", record_id)
     return Advisory(
         id=record_id,
-        aliases=cve_first(
-            _texts(data, "aliases", record_id) + _texts(data, "upstream", record_id),
-            record_id,
-        ),
+        aliases=_aliases(data, record_id),
         summary=shorten(str(data.get("summary") or data.get("details") or "")),
         source="osv",
         severity=severity,
         cvss_score=cvss.score if cvss else None,
         cvss_vector=cvss.vector if cvss else None,
-        published=_optional_text(data.get("published")),
-        modified=_optional_text(data.get("modified")),
+        published=published,
+        modified=modified,
         # A withdrawn record affects nothing: its packages are kept out so it matches nothing.
         affected=() if withdrawn else tuple(dict.fromkeys(a for a in entries if a is not None)),
     )
