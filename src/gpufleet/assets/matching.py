@@ -209,6 +209,9 @@ _DISTRIBUTIONS = frozenset(e for e, scheme in ECOSYSTEMS.items() if scheme in ("
 _VerdictKey = tuple[str, str | None, str, str]  # ecosystem, release, name (or binary key), version
 # What one package is looked up as: (verdict key, notes any finding through it carries).
 _Lookup = tuple[_VerdictKey, tuple[str, ...]]
+_NotedHit = tuple[Advisory, Affected, str | None, tuple[str, ...]]  # a hit and the notes of its lookup
+_PackageVerdicts = tuple[list[_NotedHit], list[tuple[str, str]]]
+_NOTHING_FOUND: _PackageVerdicts = ([], [])  # shared by every package nothing affects
 
 
 class Matcher:
@@ -218,6 +221,8 @@ class Matcher:
     def __init__(self, index: AdvisoryIndex, links: Iterable[PackageLink] = DEFAULT_LINKS) -> None:
         self.index = index
         self._cache: dict[_VerdictKey, _Verdicts] = {}
+        # Per package (names, versions and release): everything found for it under all its names.
+        self._by_package: dict[tuple[str | None, ...], _PackageVerdicts] = {}
         self._links: dict[str, list[PackageLink]] = defaultdict(list)
         for link in links:
             self._links[link.installed.lower()].append(link)
@@ -258,11 +263,30 @@ class Matcher:
                 lookups.append(((link.ecosystem, None, link.advised, upstream), (link_note(link, upstream),)))
         return lookups
 
+    def _judge_package(self, package: Installed, release: str | None) -> _PackageVerdicts:
+        """Every advisory that affects `package` under any of its names (each advisory once, by the
+        surest name that found it), and what could not be judged."""
+        hits: list[_NotedHit] = []
+        unjudged: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for key, notes in self._lookups(package, release):
+            verdicts = self._cache.get(key)
+            if verdicts is None:
+                verdicts = self._judge(key)
+            found, errors = verdicts
+            unjudged += errors
+            for advisory, affected, fixed in found:
+                if advisory.id not in seen:  # one advisory found by two names counts once
+                    seen.add(advisory.id)
+                    hits.append((advisory, affected, fixed, notes))
+        return (hits, unjudged) if hits or unjudged else _NOTHING_FOUND
+
     def scan(self, packages: Iterable[Installed], distro: Distro | None) -> ScanResult:
-        # The hot loop of a fleet's evaluation (millions of packages): a few dict lookups per package
-        # once its versions have been judged, and nothing more for the many that nothing affects.
+        # The hot loop of a fleet's evaluation (millions of packages): one dict lookup per package
+        # once a package of the same names and versions has been judged, and nothing more for the
+        # many that nothing affects.
         result = ScanResult()
-        cache = self._cache
+        judged = self._by_package
         count = 0
         for package in packages:
             count += 1
@@ -271,20 +295,21 @@ class Matcher:
                 if distro is None or distro.ecosystem != package.ecosystem:
                     continue  # a distribution package on a node of another distribution: nothing to say
                 release = distro.release
-            hits: list[tuple[Advisory, Affected, str | None, tuple[str, ...]]] = []
-            seen: set[str] = set()
-            for key, notes in self._lookups(package, release):
-                verdicts = cache.get(key)
-                if verdicts is None:
-                    verdicts = self._judge(key)
-                if verdicts is _NOTHING:
-                    continue
-                found, errors = verdicts
-                result.unjudged += [(package, advisory_id, why) for advisory_id, why in errors]
-                for advisory, affected, fixed in found:
-                    if advisory.id not in seen:  # one advisory found by two names counts once
-                        seen.add(advisory.id)
-                        hits.append((advisory, affected, fixed, notes))
+            key = (
+                package.ecosystem,
+                release,
+                package.name,
+                package.version,
+                package.source_name,
+                package.source_version,
+            )
+            verdicts = judged.get(key)
+            if verdicts is None:
+                verdicts = judged[key] = self._judge_package(package, release)
+            if verdicts is _NOTHING_FOUND:
+                continue
+            hits, errors = verdicts
+            result.unjudged += [(package, advisory_id, why) for advisory_id, why in errors]
             if hits:
                 result.findings += _grouped(package, hits)
         result.packages = count
@@ -295,7 +320,7 @@ def _cves(advisory: Advisory) -> list[str]:
     return [i for i in (advisory.id, *advisory.aliases) if i.startswith("CVE-")]
 
 
-def _problems(hits: list[tuple[Advisory, Affected, str | None, tuple[str, ...]]]) -> dict[str, list[int]]:
+def _problems(hits: list[_NotedHit]) -> dict[str, list[int]]:
     """Hit indexes by problem: an advisory's `key()`, except that a record of several CVEs (a notice
     fixing many) joins the problem of one of its CVEs that a record of its own already names."""
     single = {advisory.key() for advisory, *_ in hits if len(_cves(advisory)) <= 1}
@@ -306,7 +331,7 @@ def _problems(hits: list[tuple[Advisory, Affected, str | None, tuple[str, ...]]]
     return problems
 
 
-def _grouped(package: Installed, hits: list[tuple[Advisory, Affected, str | None, tuple[str, ...]]]) -> list[Finding]:
+def _grouped(package: Installed, hits: list[_NotedHit]) -> list[Finding]:
     """One finding per problem for this package: the most severe advisory, the others named in `also`."""
     findings = []
     for problem, indexes in _problems(hits).items():
