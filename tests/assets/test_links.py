@@ -95,3 +95,31 @@ def test_upstream_versions() -> None:
     assert upstream_version("1.17.0~rc.1-1", "semver") == "1.17.0-rc.1"
     assert upstream_version("1.17.0~rc.1-1", "dotted") == "1.17.0~rc.1"
     assert str(parse_link(" a = Go:b ")) == "a = Go:b"
+
+
+def test_nvd_names_reach_what_nodes_report() -> None:
+    """The NVD names NVIDIA software by CPE: the container toolkit reaches the distribution package
+    through its link, the CUDA toolkit the name the agent reports (version.json: "cuda-toolkit")."""
+    from gpufleet.assets.advisories.nvd import parse_nvd
+    from tests.assets.test_nvd import _with_matches
+
+    [nvd] = parse_nvd(
+        _with_matches(
+            {"vulnerable": True, "criteria": "cpe:2.3:a:nvidia:cuda_toolkit:12.4.1:*:*:*:*:*:*:*"},
+            {
+                "vulnerable": True,
+                "criteria": "cpe:2.3:a:nvidia:container_toolkit:*:*:*:*:*:*:*:*",
+                "versionEndIncluding": "1.16.1",
+            },
+        )
+    )
+    packages = [
+        Installed("Ubuntu", "nvidia-container-toolkit", "1.16.1-1"),
+        Installed("Ubuntu", "nvidia-container-toolkit", "1.16.2-1", location="a newer one"),
+        Installed("NVIDIA", "cuda-toolkit", "12.4.1", location="/usr/local/cuda-12.4"),
+    ]
+    result = Matcher(AdvisoryIndex([nvd])).scan(packages, JAMMY)
+    assert [(f.installed.name, f.installed.version) for f in result.findings] == [
+        ("nvidia-container-toolkit", "1.16.1-1"),
+        ("cuda-toolkit", "12.4.1"),
+    ]

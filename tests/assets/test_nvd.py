@@ -122,7 +122,7 @@ def test_exact_versions_other_products_and_skipped_matches() -> None:
             "container-toolkit",
             ranges=(Range("ECOSYSTEM", (("introduced", "0"), ("last_affected", "1.16.1"))),),
         ),
-        Affected("NVIDIA", "cuda", versions=("12.4", "12.4.1")),
+        Affected("NVIDIA", "cuda-toolkit", versions=("12.4", "12.4.1")),
     )
 
 

@@ -32,7 +32,7 @@ from gpufleet.assets.records import Advisory, Affected, Range, Severity
 # (CPE vendor, CPE product) -> (gpufleet ecosystem, package name), for software gpufleet inventories.
 CPE_PACKAGES: dict[tuple[str, str], tuple[str, str]] = {
     ("nvidia", "gpu_display_driver"): ("NVIDIA", "driver"),
-    ("nvidia", "cuda_toolkit"): ("NVIDIA", "cuda"),
+    ("nvidia", "cuda_toolkit"): ("NVIDIA", "cuda-toolkit"),  # the name the agent reports
     ("nvidia", "container_toolkit"): ("NVIDIA", "container-toolkit"),
     ("nvidia", "gpu_operator"): ("NVIDIA", "gpu-operator"),
     ("nvidia", "data_center_gpu_manager"): ("NVIDIA", "dcgm"),
