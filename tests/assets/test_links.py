@@ -123,3 +123,20 @@ def test_nvd_names_reach_what_nodes_report() -> None:
         ("nvidia-container-toolkit", "1.16.1-1"),
         ("cuda-toolkit", "12.4.1"),
     ]
+
+
+def test_the_heads_evaluator_takes_the_admins_links_and_refuses_bad_ones() -> None:
+    from pydantic import ValidationError
+
+    from gpufleet.api.app import _evaluator
+    from gpufleet.core.config import Settings
+    from gpufleet.core.errors import ConfigError
+
+    extra = "nvidia-fabricmanager-550 = NVIDIA:fabric-manager"
+    evaluator = _evaluator(Settings(package_links=[extra]))
+    assert parse_link(extra) in evaluator.links
+    assert set(DEFAULT_LINKS) <= set(evaluator.links)
+    with pytest.raises(ConfigError, match=r"package_links: .*must be one of"):
+        _evaluator(Settings(package_links=["x = Cargo:y"]))
+    with pytest.raises(ValidationError, match="PACKAGE = ECOSYSTEM:NAME"):
+        Settings(package_links=["nvidia-container-toolkit"])

@@ -86,7 +86,7 @@ def _image_row(image: str, tail: _KeyTail, values: dict[str, Any]) -> dict[str, 
 class Evaluator:
     def __init__(self, links: Iterable[PackageLink] = DEFAULT_LINKS) -> None:
         """`links`: the other ecosystems distribution packages are advised under (assets.links)."""
-        self._links = tuple(links)
+        self.links = tuple(links)
         self._version: tuple[int, float] | None = None
         self._matcher: Matcher | None = None
         self._sets: dict[str, list[Installed]] = {}  # decoded software sets, by digest
@@ -109,7 +109,7 @@ class Evaluator:
     def _matcher_for(self, session: Session) -> Matcher:
         version = store.advisories_version(session)
         if self._matcher is None or version != self._version:
-            self._matcher = Matcher(store.advisory_index(session), self._links)
+            self._matcher = Matcher(store.advisory_index(session), self.links)
             self._version = version
         return self._matcher
 
