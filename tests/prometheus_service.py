@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 from filelock import FileLock
 
-from tests.services import find_tool, need, require_tool
+from tests.services import install_tools
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "services" / "prometheus.sh"
@@ -24,18 +24,8 @@ SCRIPT = ROOT / "scripts" / "services" / "prometheus.sh"
 
 def promtool() -> str:
     """The path of promtool, installing Debian's prometheus package first if need be (and allowed)."""
-    found = find_tool("promtool")
-    if found and find_tool("prometheus"):
-        return found
     with FileLock("/tmp/gpufleet-test-prometheus-install.lock"):
-        result = subprocess.run(
-            ["bash", str(SCRIPT), "install"], capture_output=True, text=True, timeout=600, check=False
-        )
-    if result.returncode != 0:
-        reason = (result.stderr or result.stdout).strip().splitlines()
-        need("Prometheus", reason[-1] if reason else "prometheus.sh install failed")
-    require_tool("prometheus")
-    return require_tool("promtool")
+        return install_tools(("prometheus", "promtool"), "prometheus.sh")["promtool"]
 
 
 def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

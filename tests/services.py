@@ -3,7 +3,8 @@
 Where one is missing, the test that needs it skips, naming it and how to install it; under
 GPUFLEET_REQUIRE_SERVICES=1 (CI, .ci/run) that skip is a failure. A test that runs an outside program,
 itself or through gpufleet's code, is marked `@pytest.mark.requires_tool("rsync")` (checked before its
-fixtures run, by tests/conftest.py) or calls `require_tool("rsync")` where it needs the path.
+fixtures run, by tests/conftest.py) or calls `require_tool("rsync")` where it needs the path; one that
+scripts/services installs calls `install_tools(("rsync",), "rsync.sh")`.
 
 Services the test processes share (PostgreSQL, Slurm) are a `SharedService`: started by the first
 process that needs one, stopped by the last one done with it, so a test run leaves running nothing it
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +73,25 @@ def require_tool(name: str) -> str:
         need(name, f"{name} is not installed ({TOOL_SOURCES.get(name, 'install it')})")
     assert found is not None
     return found
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "services"
+
+
+def install_tools(tools: Sequence[str], script: str, timeout: float = 600) -> dict[str, str]:
+    """The paths of `tools`, installing them first with `bash scripts/services/SCRIPT install` where any
+    is missing (as root it uses apt; otherwise, or offline, it fails). Where they cannot be had, skip
+    the test (fail it in CI) naming the missing programs, the installer and its last line of output."""
+    missing = [tool for tool in tools if find_tool(tool) is None]
+    if missing:
+        done = subprocess.run(
+            ["bash", str(SCRIPTS / script), "install"], capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            why = said[-1] if said else f"exit status {done.returncode}"
+            need(", ".join(missing), f"not installed, and `bash scripts/services/{script} install` failed: {why}")
+    return {tool: require_tool(tool) for tool in tools}
 
 
 def register_marker(config: pytest.Config) -> None:

@@ -49,6 +49,34 @@ def test_a_missing_program_skips_naming_it_and_how_to_install_it(
         require_tool("rsync")
 
 
+def test_a_program_the_installer_cannot_install_skips_naming_it_and_the_installer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on a machine where apt cannot install it (offline, not root): the skip names the missing
+    program, not only the service script or apt's complaint."""
+    monkeypatch.delenv("GPUFLEET_REQUIRE_SERVICES", raising=False)
+    monkeypatch.setenv("PATH", _path(tmp_path, "ipmi_sim"))
+    (tmp_path / "bin" / "bash").symlink_to(shutil.which("bash") or "/bin/bash")  # what runs the installer
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "ipmi.sh").write_text('echo "E: Unable to locate package ipmitool" >&2; exit 100\n')
+    monkeypatch.setattr(services, "SCRIPTS", scripts)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        services.install_tools(("ipmi_sim", "ipmitool"), "ipmi.sh")
+    assert str(skipped.value) == (
+        "ipmitool unavailable: not installed, and `bash scripts/services/ipmi.sh install` failed:"
+        " E: Unable to locate package ipmitool"
+    )
+
+    # An installer that works: the programs' paths; with nothing missing it is not run at all.
+    made = tmp_path / "bin" / "ipmitool"
+    (scripts / "ipmi.sh").write_text(f"printf '#!/bin/sh\\n' > {made}; /bin/chmod +x {made}\n")
+    found = services.install_tools(("ipmi_sim", "ipmitool"), "ipmi.sh")
+    assert found == {"ipmi_sim": str(tmp_path / "bin" / "ipmi_sim"), "ipmitool": str(tmp_path / "bin" / "ipmitool")}
+    (scripts / "ipmi.sh").write_text("exit 1\n")
+    assert services.install_tools(("ipmi_sim", "ipmitool"), "ipmi.sh") == found
+
+
 def test_the_sbin_directories_are_searched_only_where_path_names_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -22,8 +22,7 @@ from gpufleet.api.app import create_app
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.config import load_settings
 from tests.api.test_channel import _credential
-from tests.conftest import ROOT, need
-from tests.services import find_tool, require_tool
+from tests.services import install_tools
 
 pytestmark = pytest.mark.rsyslog
 XID79 = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -31,19 +30,7 @@ PEERMEM = "nvidia-peermem: module verification failed: signature and/or required
 
 
 def rsyslogd() -> str:
-    found = find_tool("rsyslogd")
-    if found is None:
-        result = subprocess.run(
-            ["bash", str(ROOT / "scripts" / "services" / "rsyslog.sh"), "install"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if result.returncode != 0:
-            need("rsyslog", result.stderr.strip() or "install failed")
-        found = require_tool("rsyslogd")
-    return found
+    return install_tools(("rsyslogd",), "rsyslog.sh")["rsyslogd"]
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from gpufleet.core.db import make_engine, make_session_factory, transaction
 from gpufleet.migrations import upgrade
 from gpufleet.power.ports import BmcError, BmcTarget, PowerState
 from tests.conftest import ROOT, need
+from tests.services import install_tools
 
 SERVICES = ROOT / "scripts" / "services"
 REDFISH_SYSTEMS = 36  # 1-32: the bulk power-on; 33: the single-system checks; 35-36: a power-off beside the bulk
@@ -177,6 +178,7 @@ def ipmi_bmcs(worker_id: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "GPUFLEET_IPMI_BMCS": str(IPMI_BMCS),
         "GPUFLEET_SERVICES_RUN": str(run_dir),
     }
+    install_tools(("ipmi_sim", "ipmitool"), "ipmi.sh")
     started = _service("ipmi.sh", "start", env)
     if started.returncode != 0:
         need("ipmi_sim", (started.stderr.strip() or started.stdout.strip() or "start failed").splitlines()[-1])

@@ -20,9 +20,9 @@ from gpufleet.auth import service as auth
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.config import load_settings
 from gpufleet.core.db import transaction
-from tests.conftest import ROOT, need
+from tests.conftest import need
 from tests.provisioning.images_helpers import sqlite_sessions
-from tests.services import find_tool, require_tool
+from tests.services import install_tools
 
 __all__ = ["sqlite_sessions"]
 pytestmark = pytest.mark.debootstrap
@@ -33,14 +33,7 @@ def _ready() -> None:
     """debootstrap installed (scripts/services/images.sh), root for chroot, and the mirror answering."""
     if os.geteuid() != 0:
         need("debootstrap", "debootstrap and chroot need root")
-    if find_tool("debootstrap") is None:
-        script = ROOT / "scripts" / "services" / "images.sh"
-        done = subprocess.run(
-            ["bash", str(script), "install"], capture_output=True, text=True, timeout=600, check=False
-        )
-        if done.returncode != 0:
-            need("debootstrap", done.stderr.strip() or "install failed")
-        require_tool("debootstrap")
+    install_tools(("debootstrap",), "images.sh")
     try:
         httpx.head(f"{MIRROR}/dists/bookworm/Release", timeout=10, follow_redirects=True).raise_for_status()
     except httpx.HTTPError as exc:

@@ -17,8 +17,7 @@ from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.provisioning import networks
 from gpufleet.provisioning.dhcp import render_dnsmasq
 from gpufleet.provisioning.networks import NetworkSpec
-from tests.conftest import ROOT, need
-from tests.services import find_tool, require_tool
+from tests.services import install_tools
 
 INTERNAL = NetworkSpec(
     "internal",
@@ -34,16 +33,7 @@ INTERNAL = NetworkSpec(
 
 def dnsmasq() -> str:
     """Debian's dnsmasq, installed by scripts/services/dnsmasq.sh where it is missing and we are root."""
-    found = find_tool("dnsmasq")
-    if found is None:
-        script = ROOT / "scripts" / "services" / "dnsmasq.sh"
-        done = subprocess.run(
-            ["bash", str(script), "install"], capture_output=True, text=True, timeout=600, check=False
-        )
-        if done.returncode != 0:
-            need("dnsmasq", done.stderr.strip() or "install failed")
-        found = require_tool("dnsmasq")
-    return found
+    return install_tools(("dnsmasq",), "dnsmasq.sh")["dnsmasq"]
 
 
 def add(

@@ -29,7 +29,7 @@ from gpufleet.tasks.runner import TaskContext
 from gpufleet.tasks.schemas import TaskOut
 from tests.conftest import ROOT, need
 from tests.provisioning.images_helpers import ACTOR, import_tarball, make_tree, run_task, sqlite_sessions, tarball
-from tests.services import find_tool, require_tool
+from tests.services import install_tools
 
 __all__ = ["sqlite_sessions"]
 pytestmark = pytest.mark.rsync
@@ -38,13 +38,7 @@ TOOLS = ("rsync", "ssh", "sshd")
 
 
 def _install() -> None:
-    if all(find_tool(tool) for tool in TOOLS):
-        return
-    done = subprocess.run(["bash", str(SCRIPT), "install"], capture_output=True, text=True, timeout=600, check=False)
-    if done.returncode != 0:
-        need("rsync", done.stderr.strip() or "install failed")
-    for tool in TOOLS:
-        require_tool(tool)
+    install_tools(TOOLS, "rsync.sh")
 
 
 @dataclass(frozen=True)
