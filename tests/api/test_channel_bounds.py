@@ -13,6 +13,7 @@ from sqlalchemy import select
 from starlette.websockets import WebSocketDisconnect
 
 from gpufleet.core.db import transaction
+from gpufleet.jobs.models import NodeArtifact
 from gpufleet.logs.models import LogRecord
 from gpufleet.monitoring.models import MetricSample
 from gpufleet.protocol.bounds import EARLIEST_TS, MAX_AHEAD_S
@@ -100,3 +101,27 @@ def test_a_hello_out_of_bounds_opens_no_channel(client: TestClient) -> None:
         with pytest.raises(WebSocketDisconnect) as closed:
             ws.receive_text()
     assert closed.value.code == CLOSE_BAD_MESSAGE
+
+
+def test_a_cache_entry_is_kept_unless_its_time_cannot_be_stored(client: TestClient) -> None:
+    """A node whose clock says 1970 still holds the artifact; one timed past year 9999 is dropped alone
+    (it failed the whole report, and the channel, on every reconnect)."""
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    token = credential(client, "n1")
+    node = bring_up(client, "n1", gpus=0)
+
+    def entry(sha: str, ts: float) -> dict[str, Any]:
+        return {"sha256": sha * 64, "size_bytes": 1, "copied_at": ts, "last_used_at": ts, "uses": 1}
+
+    entries = [entry("a", 100.0), entry("b", 1e300), entry("c", ctx.clock.now())]
+    with channel(client, token) as ws:
+        ws.send_text(json.dumps({"type": "node_cache", "limit_bytes": 10, "entries": entries}))
+        wait_until(lambda: _cached(client, node), "the cache recorded")
+        ws.send_text(json.dumps({"type": "heartbeat", "seq": 1}))  # still open
+    assert _cached(client, node) == ["a" * 64, "c" * 64]
+
+
+def _cached(client: TestClient, node: int) -> list[str]:
+    ctx = client.app.state.ctx  # type: ignore[attr-defined]
+    with transaction(ctx.sessions, readonly=True) as s:
+        return sorted(s.scalars(select(NodeArtifact.sha256).where(NodeArtifact.node_id == node)))

@@ -38,7 +38,7 @@ from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
 from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.artifacts import NodeCache
-from gpufleet.protocol.bounds import plausible_time, without_nul
+from gpufleet.protocol.bounds import plausible_time, storable_time, without_nul
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.jobs import JobAck, JobCancel, JobHeld, JobOutput, JobUpdate
 from gpufleet.protocol.logs import LogLines
@@ -285,7 +285,9 @@ def _handle(ctx: Ctx, chan: Channel, message: AnyAgentMessage, interval: float, 
         if lines := _in_time(chan, message.lines, lambda line: (line.ts,), now, "log line"):
             ctx.monitoring.log_lines(chan.node_id, lines)
     elif isinstance(message, NodeCache):
-        entries = _in_time(chan, message.entries, lambda e: (e.copied_at, e.last_used_at), now, "cache entry")
+        entries = _in_time(
+            chan, message.entries, lambda e: (e.copied_at, e.last_used_at), now, "cache entry", storable_time
+        )
         return _take(ctx, chan, message.model_copy(update={"entries": entries}), reports)
     elif isinstance(message, JobOutput | JobUpdate | JobHeld):
         return _take(ctx, chan, message, reports)
@@ -308,11 +310,20 @@ def _out_of_bounds_only(exc: ValidationError) -> bool:
     return all(e["type"] in VALUE_ERRORS and e["loc"][:1] != ("hello",) for e in errors)
 
 
-def _in_time(chan: Channel, items: list[T], times: Callable[[T], Iterable[float]], now: float, what: str) -> list[T]:
-    """The items whose times the head stores (protocol.bounds.plausible_time); the others are dropped."""
-    kept = [item for item in items if all(plausible_time(ts, now) for ts in times(item))]
+def _in_time(
+    chan: Channel,
+    items: list[T],
+    times: Callable[[T], Iterable[float]],
+    now: float,
+    what: str,
+    keep: Callable[[float, float], bool] = plausible_time,
+) -> list[T]:
+    """The items whose times the head stores (protocol.bounds: `plausible_time`, or `keep`); the others are
+    dropped."""
+    kept = [item for item in items if all(keep(ts, now) for ts in times(item))]
     if len(kept) < len(items):
-        _dropped(chan, f"{len(items) - len(kept)} {what}(s) timed before 2000 or over a day ahead of the head")
+        why = "timed before 2000 or over a day ahead of the head" if keep is plausible_time else "timed past year 9999"
+        _dropped(chan, f"{len(items) - len(kept)} {what}(s) {why}")
     return kept
 
 
