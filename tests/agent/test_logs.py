@@ -172,3 +172,16 @@ def test_every_line_read_is_kept_for_the_head_with_its_classification(tmp_path: 
     assert lines[0].ts == 5.0  # no time of its own: when it was read
     assert lines[2].ts == datetime(2024, 8, 30, 11, 43, 9, tzinfo=UTC).timestamp()  # dmesg -T's own
     assert w.take_lines() == []
+
+
+MISMATCH = "[ 8957.099615] NVRM: API mismatch: the client has the version 570.148.08, but"  # fixture line 21's form
+
+
+def test_a_driver_mismatch_oops_or_panic_becomes_a_host_fault_event(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    panic = "[  105.483902] Kernel panic - not syncing: Fatal exception in interrupt"
+    append(log, NOISE, MISMATCH, "NVRM: this kernel module has the version 535.54.03.  Please", panic)
+    events = watcher(tmp_path, log).poll(0)
+    assert [(e.kind, e.suggested) for e in events] == [("host_fault", "reboot"), ("host_fault", "drain")]
+    assert "570.148.08" in events[0].message
+    assert "kernel panic" in events[1].message

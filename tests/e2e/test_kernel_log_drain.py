@@ -23,6 +23,14 @@ XID79_GPU2 = (
     "[6781741.548779] NVRM: Xid (PCI:0000:3a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 )
 
+# A real API mismatch as rsyslog writes it, newlines as #012
+# (tests/fixtures/kernel-logs/host-crash-driver-lines-real.txt, line 18).
+MISMATCH = (
+    "Jun 30 11:07:05 gpu-0 kernel: NVRM: API mismatch: the client has the version 535.54.03, but#012NVRM: this kernel"
+    " module has the version 530.30.02.  Please#012NVRM: make sure that this kernel module and all NVIDIA driver#012"
+    "NVRM: components have the same version."
+)
+
 
 @pytest.fixture
 def fast_head(heavy: None, tmp_path: Path) -> Iterator[Head]:
@@ -67,6 +75,14 @@ def test_an_xid79_line_in_the_kernel_log_drains_the_node(fast_head: Head, tmp_pa
         shown = run_cli(tmp_path, "events", "list", "--severity", "critical", server=head.url)
         assert shown.returncode == 0, shown.stderr
         assert "xid 79" in shown.stdout
+
+        # A driver upgraded without a reboot: the agent (started before) still reads NVML, but no job can
+        # run CUDA. The kernel's API mismatch line drains the node before a job lands on it.
+        with (tmp_path / "sim" / "nodes" / "sim002.kern.log").open("a") as fh:
+            fh.write(MISMATCH + "\n")
+        wait_for(lambda: health()["sim002"]["drained"], 15)
+        assert health()["sim002"]["health"] == "failed"
+        assert "differ" in health()["sim002"]["drain_reason"]
     finally:
         sim.send_signal(signal.SIGINT)
         sim.wait(timeout=30)

@@ -175,3 +175,13 @@ def test_the_nodes_own_checks_decide_too() -> None:
     assert verdict.reasons == ("service:slurmd: slurmd is failed", "scratch-speed: scratch writes at 80 MB/s")
     relaxed = HealthPolicy(disabled=["service:slurmd"])
     assert evaluate(NodeSnapshot(expected_gpus=8, samples=[node()], checks=results), relaxed).state == "degraded"
+
+
+def test_a_host_fault_from_the_kernel_log_fails_the_node_unless_disabled() -> None:
+    event = NodeEvent(ts=1.0, kind="host_fault", message="kernel panic: Fatal exception", suggested="drain")
+    snapshot = NodeSnapshot(expected_gpus=8, samples=[node()], events=[event])
+    verdict = evaluate(snapshot, POLICY)
+    assert (verdict.state, verdict.reasons) == ("failed", ("kernel panic: Fatal exception",))
+    warned = NodeEvent(ts=1.0, kind="host_fault", message="odd", suggested="warn")
+    assert evaluate(NodeSnapshot(expected_gpus=8, samples=[node()], events=[warned]), POLICY).state == "degraded"
+    assert evaluate(snapshot, HealthPolicy(disabled=["host"])).state == "healthy"

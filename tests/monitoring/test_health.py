@@ -83,6 +83,24 @@ def test_xid79_drains_alerts_and_a_healed_node_comes_back_on_its_own(
     assert h.sent == [("NodeFailed", "firing"), ("NodeFailed", "resolved")]
 
 
+def test_a_host_fault_keeps_the_node_drained_until_its_next_channel(
+    sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
+    """An API mismatch is not mended by healthy GPU samples (the agent started before the upgrade still reads
+    NVML): only the reboot or agent restart that fixes it, which opens a new channel, lets the node back."""
+    h = Harness(sessions, clock)
+    h.sample()
+    fault = NodeEvent(ts=clock.now() + 1, kind="host_fault", message="libraries differ", suggested="reboot")
+    h.loops.events(h.node_id, [fault])
+    for _ in range(5):
+        h.sample()
+        assert (h.node().health, h.node().drain_reason) == ("failed", "gpufleet: libraries differ")
+    h.loops.judge.tracker.forget(h.node_id)  # what the channel's end does (api.routers.agent)
+    for _ in range(3):
+        h.sample()
+    assert (h.node().health, h.node().drained_at) == ("healthy", None)
+
+
 def test_a_drain_made_by_a_person_is_never_undone(sessions: sessionmaker[Session], clock: FakeClock) -> None:
     h = Harness(sessions, clock)
     with transaction(sessions) as s:

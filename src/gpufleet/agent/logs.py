@@ -35,6 +35,8 @@ MAX_BACKLOG_BYTES = 64 * 1024 * 1024  # further behind than this, a file is skip
 MAX_LINE_BYTES = 16 * 1024  # longer lines are cut (the kernel's own limit is 1 KiB)
 READ_BYTES = 4 * 1024 * 1024  # per file per poll
 POLL_STEP_S = 0.2  # how often a blocking poll looks for new lines
+# The classifier's kinds that say the host itself cannot run work: sent as host_fault events for the health checks.
+HOST_FAULTS = frozenset({"driver", "oops", "panic"})
 
 
 KMSG = Path("/dev/kmsg")
@@ -280,6 +282,11 @@ class LogWatcher:
             )
         if event.kind == "gpu_off_bus" and gpu is not None:
             return NodeEvent(ts=self._clock(), kind="gpu_lost", gpu=gpu, message=message)
+        if event.kind in HOST_FAULTS:
+            # The classifier's own message names the fault ("kernel panic: ..."); the line is in the log store.
+            return NodeEvent(
+                ts=self._clock(), kind="host_fault", message=(event.message or message)[:512], suggested=event.action
+            )
         return None
 
 

@@ -129,6 +129,19 @@ def check_xid(node: NodeSnapshot, policy: HealthPolicy) -> list[Finding]:
     return findings
 
 
+def check_host(node: NodeSnapshot, _policy: HealthPolicy) -> list[Finding]:
+    """What the host's kernel log said makes it unfit (agent.logs.HOST_FAULTS): a driver whose user-space
+    libraries are another version cannot run CUDA at all; after an oops the kernel is in an unknown state;
+    a panic read back after the reboot needs a person. The classifier's action decides, as for an Xid."""
+    findings = []
+    for event in node.events:
+        if event.kind != "host_fault":
+            continue
+        severity: Severity = "failed" if event.suggested in REMOVING else "degraded"
+        findings.append(Finding("host", severity, event.message or "a kernel fault"))
+    return findings
+
+
 def check_ecc(node: NodeSnapshot, policy: HealthPolicy) -> list[Finding]:
     findings = []
     for index, v in sorted(node.gpus().items()):
@@ -233,6 +246,7 @@ def check_node_side(node: NodeSnapshot, policy: HealthPolicy) -> list[Finding]:
 CHECKS: dict[str, Callable[[NodeSnapshot, HealthPolicy], list[Finding]]] = {
     "xid": check_xid,
     "gpu_count": check_gpu_count,
+    "host": check_host,
     "ecc": check_ecc,
     "thermal": check_thermal,
     "pcie": check_pcie,

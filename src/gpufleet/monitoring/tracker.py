@@ -125,6 +125,10 @@ class HealthTracker:
 
 
 def _cleared_by(event: NodeEvent, ts: float, entities: Entities) -> bool:
+    if event.kind == "host_fault":
+        # No sample shows a kernel's fault mended: it stays open while this channel lasts, and the node's
+        # next channel (after the reboot or agent restart that fixes it) starts without it.
+        return False
     if ts < event.ts + EVENT_CLEARED_AFTER_S:
         return False
     if event.gpu is None:

@@ -153,7 +153,9 @@ class Sample(BaseModel):
     gpu_jobs: list[GpuJob] = Field(default_factory=list, max_length=MAX_GPU_JOBS_PER_SAMPLE)
 
 
-EventKind = Literal["xid", "gpu_lost", "collector_failed"]
+# host_fault: the host's kernel log says the node cannot run work (a driver whose user-space libraries are
+# another version, an oops, a panic); `suggested` carries the classifier's action for it.
+EventKind = Literal["xid", "gpu_lost", "collector_failed", "host_fault"]
 # What to do about an Xid (gpufleet.logs.catalog explains each); here because events carry a line's own.
 XidAction = Literal["ignore", "warn", "drain", "reset_gpu", "reboot"]
 
