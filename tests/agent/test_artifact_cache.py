@@ -487,3 +487,31 @@ def test_a_reconnect_reports_the_cache_only_where_one_exists(tmp_path: Path) -> 
     used = ArtifactCache(tmp_path / "used", LIMIT)
     used.stage(_blob(tmp_path, "a", 5))
     assert asyncio.run(scenario(ArtifactCache(tmp_path / "used", LIMIT))) == ["job_held", "node_cache"]
+
+
+def test_a_redirect_to_the_metadata_service_is_refused_before_any_connection(tmp_path: Path) -> None:
+    """The head checks the URL an operator registers; only the node sees where it redirects. A public URL
+    answering 302 to 169.254.169.254 would otherwise hand the node's cloud credentials to a job's dataset."""
+
+    class Jump(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", "http://169.254.169.254/latest/meta-data/iam/security-credentials/")
+            self.end_headers()
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Jump)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        ref = _ref(f"http://127.0.0.1:{server.server_address[1]}/data.bin", sha256="0" * 64, size_bytes=10)
+        cache = ArtifactCache(tmp_path / "cache", LIMIT)
+        with pytest.raises(ArtifactError, match=r"169\.254\.169\.254.*link-local"):
+            cache.stage(ref)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert not [name for name in _listing(cache.root) if name != "index.json"]  # no copy, no .incoming-*

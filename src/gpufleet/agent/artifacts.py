@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 
+from gpufleet.core import addresses
 from gpufleet.protocol.artifacts import (
     MAX_CACHE_ENTRIES,
     ArtifactError,
@@ -214,11 +215,27 @@ def _basename(uri: str) -> str:
     return name if name not in ("", ".", "..") else "artifact"
 
 
+def _allowed(request: httpx.Request) -> None:
+    """Every request of a download, redirects included, to an address this node may fetch from: the head
+    checked the URL as spelled, but only the node sees what its name resolves to and where it redirects
+    (a public URL answering 302 to the metadata service would hand the node's cloud credentials over)."""
+    why = addresses.refused_resolved(
+        request.url.host, request.url.port or (443 if request.url.scheme == "https" else 80)
+    )
+    if why is not None:
+        raise ArtifactError(f"refused to fetch {request.url}: {why}")
+
+
 def _download(uri: str, target: Path, size_bytes: int) -> None:
     """The file at `uri`, stopped past its registered size: a wrong or hostile URL cannot fill the disk."""
     written = 0
     try:
-        with httpx.stream("GET", uri, timeout=DOWNLOAD_TIMEOUT_S, follow_redirects=True) as response:
+        with (
+            httpx.Client(
+                timeout=DOWNLOAD_TIMEOUT_S, follow_redirects=True, event_hooks={"request": [_allowed]}
+            ) as client,
+            client.stream("GET", uri) as response,
+        ):
             if response.status_code != 200:
                 raise ArtifactError(f"cannot download {uri}: HTTP {response.status_code}")
             with target.open("wb") as f:

@@ -15,9 +15,7 @@ Node caches: each agent reports its whole cache (`NodeCache`) after connecting a
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 from collections import defaultdict
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -28,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpufleet.auth.projects import get_project
+from gpufleet.core import addresses
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound
 from gpufleet.inventory.models import Node
@@ -36,8 +35,6 @@ from gpufleet.jobs.schemas import ArtifactIn, ArtifactOut, NodeArtifactOut
 from gpufleet.protocol.artifacts import ArtifactError, NodeCache, StageRef, check_source, local_path
 
 KINDS = ("model", "dataset")
-# Cloud metadata services outside the link-local range (AWS's IPv6 one, Alibaba Cloud's).
-METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in ("fd00:ec2::254", "100.100.100.200"))
 
 
 def register(
@@ -115,36 +112,9 @@ def _check_host(location: str) -> None:
         raise InvalidInput(f"{location[:200]}: not a URL ({exc})") from None
     if not host:
         raise InvalidInput(f"{location[:200]}: the URL names no host")
-    name = host.rstrip(".").lower()
-    if name == "localhost" or name.endswith(".localhost"):
-        raise InvalidInput(f"{location[:200]}: a loopback host; the nodes would each fetch from themselves")
-    address = _address(name)
-    if address is None:
-        return
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    if address.is_loopback or address.is_unspecified:
-        raise InvalidInput(f"{location[:200]}: a loopback address; the nodes would each fetch from themselves")
-    if address.is_link_local or address in METADATA_ADDRESSES:
-        raise InvalidInput(
-            f"{location[:200]}: a link-local address (a cloud's metadata service answers there, with the "
-            "node's credentials); give the object store's address"
-        )
-    if address.is_multicast:
-        raise InvalidInput(f"{location[:200]}: a multicast address")
-
-
-def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The IP address a URL's host spells, in any form an HTTP client reads as one (169.254.169.254,
-    0xa9fea9fe, 2852039166, 169.254.43518, [::ffff:a9fe:a9fe]); None for a name."""
-    try:
-        return ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    try:
-        return ipaddress.IPv4Address(socket.inet_aton(host))  # the inet_aton forms, as curl and libc read them
-    except OSError:
-        return None
+    why = addresses.refused_host(host)
+    if why is not None:
+        raise InvalidInput(f"{location[:200]}: {why}; give the object store's address")
 
 
 def listing(session: Session, kind: str) -> list[Artifact]:
