@@ -30,13 +30,22 @@ class JoinDesk:
     """The head's join endpoint: trades JOIN_TOKEN for a new credential, which the fake head then takes
     unless `broken` (a head that refuses what it has just issued)."""
 
-    def __init__(self, head: FakeHead, broken: bool = False) -> None:
+    def __init__(self, head: FakeHead, broken: bool = False, busy: int = 0, store: Path | None = None) -> None:
         self.head = head
         self.broken = broken
+        self.busy = busy  # the first joins answer 503 (the head's database busy)
+        self.store = store
+        self.stored_while_joining: list[str | None] = []
         self.issued: list[str] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/api/v1/agent/join"
+        if self.store is not None:
+            kept = CredentialStore(self.store).load()
+            self.stored_while_joining.append(kept.token if kept else None)
+        if self.busy > 0:
+            self.busy -= 1
+            return httpx.Response(503, json={"detail": "database is locked"})
         if request.headers["Authorization"] != f"Bearer {JOIN_TOKEN}":
             return httpx.Response(401, json={"detail": "unknown token"})
         credential = f"gfn_new{len(self.issued)}"
@@ -108,3 +117,15 @@ def test_a_credential_refused_right_after_the_join_stops_the_node_rather_than_jo
         asyncio.run(run_agent(tmp_path, desk, JOIN_TOKEN))
     assert head.presented == [STALE, "gfn_new0"]
     assert desk.issued == ["gfn_new0"]  # one join, not a join token spent again and again
+
+
+def test_a_join_that_fails_keeps_the_stored_credential_until_the_new_one_is_saved(tmp_path: Path) -> None:
+    """A refused credential is replaced, never first deleted: a join the head cannot answer for a while
+    leaves the node with what it had."""
+    head = FakeHead(credentials={"gfn_other_node"})
+    desk = JoinDesk(head, busy=2, store=tmp_path / "credential.json")
+    asyncio.run(run_agent(tmp_path, desk, JOIN_TOKEN))
+    assert desk.stored_while_joining == [STALE, STALE, STALE]  # two busy answers, then the join that worked
+    stored = CredentialStore(tmp_path / "credential.json").load()
+    assert stored is not None
+    assert stored.token == "gfn_new0"

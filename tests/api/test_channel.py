@@ -174,3 +174,24 @@ def test_heartbeats_are_read_while_a_report_waits_for_the_database(
         while ctx.loops.book.latest[1].seq != 4 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert ctx.loops.book.latest[1].seq == 4
+
+
+def test_a_database_that_cannot_answer_at_the_handshake_is_try_again_not_a_refused_credential(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """4401 sends an agent to join again with its join token: a busy or absent database during a reconnect
+    storm must not make a whole fleet do that."""
+    from gpufleet.api.routers import agent
+
+    credential = _credential(client, "n1")
+
+    def busy(*_args: object) -> None:
+        raise Unavailable("database is locked")
+
+    monkeypatch.setattr(agent.inventory, "channel_identity", busy)
+    with (
+        pytest.raises(WebSocketDisconnect) as closed,
+        client.websocket_connect("/api/v1/agent/channel", headers={"Authorization": f"Bearer {credential}"}) as ws,
+    ):
+        ws.receive_text()
+    assert closed.value.code == CLOSE_TRY_AGAIN

@@ -49,6 +49,12 @@ def test_every_json_media_type_is_checked(client: TestClient, media: str) -> Non
     assert answer.status_code == 400
 
 
+def test_a_utf16_body_is_checked_as_fastapi_reads_it(client: TestClient) -> None:
+    answer = client.post("/api/v1/silences", content='{"for_s": NaN}'.encode("utf-16-le"), headers=JSON)
+    assert answer.status_code == 400
+    assert "NaN" in answer.json()["detail"]
+
+
 def test_a_nan_threshold_stores_nothing_and_a_word_in_a_string_is_text(client: TestClient) -> None:
     rule = {"name": "hot", "metric": "gpu_temp_c", "entity_kind": "gpu", "op": ">", "threshold": 85}
     for constant in CONSTANTS:
@@ -71,6 +77,11 @@ def test_a_nan_threshold_stores_nothing_and_a_word_in_a_string_is_text(client: T
         (b'{"a": 1.5e308, "b": -0.0}', None),  # large but finite
         (b'{"a": "NaN"', None),  # not JSON: FastAPI's own 422 says so
         (b"\xff\xfe NaN", None),
+        # UTF-16 and UTF-32, which json.loads (and so FastAPI) detects and reads: no NUL-free byte search.
+        ('{"a": NaN}'.encode("utf-16-le"), "NaN"),
+        ('{"a": Infinity}'.encode("utf-32"), "Infinity"),
+        ('{"a": "NaN"}'.encode("utf-16"), None),
+        (b"[" * 50_000 + b"NaN" + b"]" * 50_000, None),  # past the parser's depth: FastAPI answers 400 itself
     ],
 )
 def test_non_finite(body: bytes, found: str | None) -> None:

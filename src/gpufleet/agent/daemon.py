@@ -141,9 +141,10 @@ class Agent:
         self._checks_ran = asyncio.Event()  # the first round of checks is over
 
     # -- joining ----------------------------------------------------------------------------------
-    async def ensure_credential(self) -> Credential:
-        """The stored credential, or a new one bought with the join token. Raises Unauthorized if neither."""
-        credential = self.store.load()
+    async def ensure_credential(self, *, fresh: bool = False) -> Credential:
+        """The stored credential, or a new one bought with the join token (always, with `fresh`: the stored
+        one was refused). Raises Unauthorized if neither."""
+        credential = None if fresh else self.store.load()
         if credential is not None and credential.node == self.options.name:
             if self.options.heartbeat_interval_s is None and credential.heartbeat_interval_s:
                 self.interval_s = credential.heartbeat_interval_s
@@ -188,8 +189,9 @@ class Agent:
             name,
             reason,
         )
-        self.store.clear()
-        return await self._with_retry(self.ensure_credential)
+        # The stored credential stays until the new one is saved over it: a join that fails (the head's
+        # database busy, the join token spent) leaves the node no worse off than before.
+        return await self._with_retry(lambda: self.ensure_credential(fresh=True))
 
     async def _current_inventory(self) -> NodeInventory:
         self._inventory = await asyncio.to_thread(self.read_inventory)

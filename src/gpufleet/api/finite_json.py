@@ -44,13 +44,21 @@ def is_json(scope: Scope) -> bool:
 def non_finite(body: bytes) -> str | None:
     """The first NaN, Infinity or -Infinity in a JSON document, or None. A word inside a string is
     text, not a number; a body that is no JSON at all is left to FastAPI's own answer."""
-    if not any(constant in body for constant in _CONSTANTS):
+    try:
+        # json.loads detects UTF-16 and UTF-32 as FastAPI's parse does: search the text, not the bytes.
+        text = body.decode(json.detect_encoding(body)) if body[:4].count(0) else body
+    except UnicodeDecodeError:
+        return None  # the route's parser refuses it too
+    if isinstance(text, bytes):
+        if not any(constant in text for constant in _CONSTANTS):
+            return None
+    elif not any(constant.decode() in text for constant in _CONSTANTS):
         return None
     try:
-        json.loads(body, parse_constant=_refuse)
+        json.loads(text, parse_constant=_refuse)
     except _NotFinite as found:
         return found.constant
-    except ValueError:  # not JSON (or not UTF-8): the route's parser says so
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser: the route's parser says so
         return None
     return None
 

@@ -178,8 +178,13 @@ async def channel(ws: WebSocket) -> None:
     try:
         token = bearer_token(ws.headers.get("authorization"))
         node_id, name, fingerprint = await to_thread.run_sync(_open, ctx, token)
-    except GpufleetError as exc:
+    except Unauthorized as exc:
         await ws.close(code=CLOSE_UNAUTHORIZED, reason=str(exc)[:120])
+        return
+    except GpufleetError as exc:
+        # Not a refusal of the credential (the database busy or away during a reconnect storm): 4401 here
+        # would send every agent to join again with its join token.
+        await ws.close(code=CLOSE_TRY_AGAIN, reason=f"head busy, reconnect: {exc}"[:120])
         return
     chan = Channel(node_id=node_id, name=name, socket=ws, address=ws.client.host if ws.client else "")
     writer = asyncio.create_task(chan.write_forever())
