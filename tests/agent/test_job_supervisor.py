@@ -172,3 +172,18 @@ def test_split_output_bounds_characters_and_bytes() -> None:
     assert list(split_output("\x00\x00\x00", max_bytes=12)) == ["\x00\x00", "\x00"]
     assert list(split_output("🚀🚀🚀", max_bytes=9)) == ["🚀🚀", "🚀"]
     assert list(split_output("\x00", max_bytes=1)) == ["\x00"]  # one character always goes
+
+
+def test_a_ranks_end_goes_after_the_output_queued_before_it() -> None:
+    asyncio.run(_a_ranks_end_goes_after_the_output_queued_before_it())
+
+
+async def _a_ranks_end_goes_after_the_output_queued_before_it() -> None:
+    """The head takes a job whose ranks all ended as done: `job logs --follow` stops there, so the rank's
+    last output must not still be on its way (control messages otherwise go first)."""
+    executor, sup = await _started(4)
+    executor.outputs[4]("stdout", "last words\n")
+    executor.release[4].set()
+    await asyncio.sleep(0.001)  # the rank ends before the output's coalescing timer: flushed at its end
+    kinds = [(m["type"], m.get("state")) for m in await _drain(sup)]
+    assert kinds == [("job_update", "running"), ("job_output", None), ("job_update", "exited")]

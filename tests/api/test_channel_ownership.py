@@ -192,3 +192,18 @@ def test_a_binary_frame_closes_the_channel_with_unsupported_data(client: TestCli
             ws.receive_text()
     assert closed.value.code == 1003  # RFC 6455: unsupported data
     assert "text" in (closed.value.reason or "")
+
+
+def test_a_ranks_end_is_recorded_after_the_output_sent_before_it(client: TestClient, pair: tuple[str, str]) -> None:
+    """A job whose ranks all ended reads as done (`job logs --follow` stops): the output its node sent before
+    the end is written first, not left in the buffer for the next flush."""
+    victim, _ = pair
+    job_id = running_job(client)
+    rank = {"job_id": job_id, "run": 1, "rank": 0}
+    with channel(client, victim) as ws:
+        ws.send_text(json.dumps({"type": "job_output", "stream": "stdout", "offset": 0, "data": "last\n"} | rank))
+        end = {"type": "job_update", "state": "exited", "outcome": "completed", "exit_code": 0}
+        ws.send_text(json.dumps(end | rank))
+        assert ws.receive_json() == {"type": "job_ack"} | rank
+    output = client.get(f"/api/v1/jobs/{job_id}/output").json()
+    assert ([c["data"] for c in output["chunks"]], output["done"]) == (["last\n"], True)

@@ -136,7 +136,11 @@ class JobLoops:
 
     # -- called from the agent channels -------------------------------------------------------------
     def record_update(self, node_id: int, update: JobUpdate) -> bool:
-        """In a worker thread: durable before the channel acknowledges it."""
+        """In a worker thread: durable before the channel acknowledges it. A rank's end first writes the output
+        buffered before it (its agent sends the end after its output): a reader told the job is done must find
+        all of it."""
+        if update.state == "exited":
+            self.flush_output_once()
         with transaction(self.sessions) as session:
             recorded = lifecycle.rank_update(session, self.clock, node_id, update, self.settings.job_max_requeues)
         if update.state == "exited":

@@ -66,7 +66,8 @@ class JobSupervisor:
         self._staging = asyncio.Lock()  # one stage at a time: two ranks needing one dataset copy it once
         self._report_task: asyncio.Task[None] | None = None
         self.ranks: dict[Key, _Rank] = {}
-        self._control: deque[str] = deque()
+        # (message, after_output): a rank's end waits for the output queued before it (see send_forever).
+        self._control: deque[tuple[str, bool]] = deque()
         self._output: deque[str] = deque(maxlen=MAX_QUEUED_OUTPUT)
         self._ready = asyncio.Event()
         self._flush_handle: asyncio.TimerHandle | None = None
@@ -200,12 +201,12 @@ class JobSupervisor:
 
     def _report(self, rank: _Rank) -> None:
         if rank.result is not None:
-            self._send_control(_update(rank.launch, "exited", rank.result))
+            self._send_control(_update(rank.launch, "exited", rank.result), after_output=True)
         elif rank.started:
             self._send_control(_update(rank.launch, "running"))
 
-    def _send_control(self, text: str) -> None:
-        self._control.append(text)
+    def _send_control(self, text: str, *, after_output: bool = False) -> None:
+        self._control.append((text, after_output))
         self._ready.set()
 
     async def send_forever(self, send: SendText) -> None:
@@ -214,8 +215,14 @@ class JobSupervisor:
         while True:
             self._ready.clear()
             while self._control or self._output:
-                queue = self._control if self._control else self._output
-                await send(queue[0])
+                # Control first, but a rank's end after the output queued before it: the head takes a job
+                # whose ranks all ended as done, and its output must be there by then.
+                waits = bool(self._control) and self._control[0][1] and bool(self._output)
+                queue: deque[tuple[str, bool]] | deque[str] = (
+                    self._control if self._control and not waits else self._output
+                )
+                head = queue[0]
+                await send(head if isinstance(head, str) else head[0])
                 with contextlib.suppress(IndexError):  # cleared by a crash while sending
                     queue.popleft()
             await self._ready.wait()
