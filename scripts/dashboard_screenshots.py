@@ -7,7 +7,9 @@ overheating GPU 5 on another, a third node crashing) so that the pages show red,
 seconds so that the fleet charts (one-minute roll-ups, written once a minute) have a few points. Then
 Debian's Chromium (through Playwright, with the browser tests' flags) logs in through the login form
 and takes full-page screenshots at 1440x900 of the overview, the node table, the GPU map and the
-faulty node's page:
+faulty node's page. Last, it writes a burn-in of every node and two maintenance campaigns straight into
+the head's database (scripts/lifecycle_demo.py: illustrative figures, three nodes failing, one slow) and
+takes the Burn-in page (one step's values across the fleet) and a stopped campaign's page:
 
     .venv/bin/python scripts/dashboard_screenshots.py                     # about 6 minutes
     .venv/bin/python scripts/dashboard_screenshots.py --nodes 64 --warmup 150 --out build/shots
@@ -41,6 +43,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import httpx
 from chromium_flags import CHROMIUM, CHROMIUM_ARGS  # scripts/, this file's directory
+from lifecycle_demo import seed as seed_lifecycle
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page, Request
@@ -70,6 +73,9 @@ class Shot:
     name: str  # the file: docs/images/<name>.png
     path: str  # the dashboard URL path
     waits_for_charts: bool = False
+    # Needs the burn-in results and campaigns of lifecycle_demo, written before the first such shot (after
+    # the others: the demo holds three nodes out of service, which the overview would show).
+    lifecycle: bool = False
 
 
 @dataclass
@@ -238,6 +244,7 @@ class Cluster:
     api: httpx.Client  # the admin token's
     names: list[str]
     password: str  # the web user's
+    database_url: str  # the head's SQLite database
 
 
 def start_cluster(args: argparse.Namespace, tmp: Path, started: Started) -> Cluster:
@@ -254,7 +261,8 @@ def start_cluster(args: argparse.Namespace, tmp: Path, started: Started) -> Clus
 
     wait_until("the head answering /healthz", healthy, 60, started, 0.2)
     api = httpx.Client(base_url=url + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    cluster = Cluster(url, api, node_names(args.nodes), secrets.token_urlsafe(16))
+    database_url = f"sqlite:///{tmp / 'head' / 'gpufleet.db'}"
+    cluster = Cluster(url, api, node_names(args.nodes), secrets.token_urlsafe(16), database_url)
     made = api.post("/users", json={"username": args.user, "role": args.role, "password": cluster.password})
     if made.status_code != 201:
         raise Failed(f"could not create the web user {args.user}: {made.status_code} {made.text}")
@@ -312,7 +320,23 @@ def all_shots(node: str) -> list[Shot]:
         # By temperature: simulated GPUs idle at 0 % until jobs run on them, but their temperatures vary.
         Shot("gpu-map", "/gpus?color=temp"),
         Shot("node-detail", f"/nodes/{node}", waits_for_charts=True),
+        Shot("burn-in", "/burn-in?step=gemm", lifecycle=True),
+        Shot("maintenance", "/maintenance/image-r3", lifecycle=True),
     ]
+
+
+def write_lifecycle(cluster: Cluster) -> None:
+    """lifecycle_demo's burn-in of every node and its campaigns, into the running head's database (SQLite
+    in WAL mode: the head reads on while this writes)."""
+    from gpufleet.core.db import make_engine, make_session_factory, transaction
+
+    engine = make_engine(cluster.database_url)
+    try:
+        with transaction(make_session_factory(engine)) as session:
+            seeded = seed_lifecycle(session, cluster.names)
+    finally:
+        engine.dispose()
+    print(f"  burn-in written for {len(seeded.runs)} nodes; held: {', '.join(seeded.held)}; slow: {seeded.slow}")
 
 
 def screenshots(args: argparse.Namespace, cluster: Cluster, faulty: list[str], head_log: Path) -> list[str]:
@@ -340,7 +364,11 @@ def screenshots(args: argparse.Namespace, cluster: Cluster, faulty: list[str], h
             page.on("requestfailed", lambda r: note(f"request failed: {r.method} {r.url}: {r.failure}"))
             page.on("requestfinished", lambda r: slow(r, note))
             log_in(page, cluster.url, args.user, cluster.password)
+            seeded = False
             for shot in shots:
+                if shot.lifecycle and not seeded:
+                    write_lifecycle(cluster)
+                    seeded = True
                 console.clear()
                 shot_started[0] = time.monotonic()
                 line = take(page, cluster.url, shot, args.out, args.max_height)
@@ -386,6 +414,8 @@ def main() -> int:
         parser.error(f"--pages takes some of {', '.join(names)}, not {', '.join(unknown) or 'nothing'}")
     if args.nodes < 1:
         parser.error("--nodes must be at least 1")
+    if args.nodes < 8 and any(s.lifecycle for s in all_shots("NODE") if s.name in args.pages):
+        parser.error("the burn-in and maintenance screenshots need --nodes 8 or more")
     try:
         preflight()
     except Missing as exc:

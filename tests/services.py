@@ -40,6 +40,8 @@ TOOL_SOURCES = {
     "promtool": "bash scripts/services/prometheus.sh install",
     "ipmitool": "bash scripts/services/ipmi.sh install",
     "ipmi_sim": "bash scripts/services/ipmi.sh install",
+    "stress-ng": "bash scripts/services/burnin-tools.sh install",
+    "fio": "bash scripts/services/burnin-tools.sh install",
     "useradd": "apt-get install passwd",
     "bash": "apt-get install bash",
 }

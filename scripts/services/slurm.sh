@@ -114,6 +114,8 @@ $(accounting_conf)
 JobCompType=jobcomp/filetxt
 JobCompLoc=$STATE/log/jobcomp.txt
 SchedulerType=sched/backfill
+# A pending job is tried again within seconds, not Slurm's default minute: tests wait for jobs to start.
+SchedulerParameters=sched_interval=5,bf_interval=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2

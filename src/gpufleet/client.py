@@ -96,6 +96,15 @@ class HeadClient:
         result: dict[str, Any] = self._call("POST", "/api/v1/login", json=body)
         return result
 
+    def sso_info(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/api/v1/sso")
+        return result
+
+    def sso_login(self, id_token: str, expires_in_s: int) -> dict[str, Any]:
+        body = {"id_token": id_token, "expires_in_s": expires_in_s}
+        result: dict[str, Any] = self._call("POST", "/api/v1/login/sso", json=body)
+        return result
+
     def whoami(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", "/api/v1/whoami")
         return result
@@ -270,6 +279,14 @@ class HeadClient:
         result: dict[str, Any] = self._call("PATCH", f"/api/v1/users/{username}", json=change)
         return result
 
+    def directory_status(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/api/v1/directory")
+        return result
+
+    def directory_sync(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/directory/sync")
+        return result
+
     def delete_user(self, username: str) -> None:
         self._call("DELETE", f"/api/v1/users/{username}")
 
@@ -316,6 +333,40 @@ class HeadClient:
 
     def resume(self, node: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", f"/api/v1/nodes/{node}/resume")
+        return result
+
+    def start_burnin(self, nodes: list[str], profile: str, resume: bool = True) -> list[dict[str, Any]]:
+        body = {"nodes": nodes, "profile": profile, "resume": resume}
+        result: list[dict[str, Any]] = self._call("POST", "/api/v1/burn-ins", json=body)
+        return result
+
+    def list_burnins(self, node: str | None = None, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        params: dict[str, Any] = (
+            {"limit": limit} | ({"node": node} if node else {}) | ({"state": state} if state else {})
+        )
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/burn-ins", params=params)
+        return result
+
+    def get_burnin(self, run_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/burn-ins/{run_id}")
+        return result
+
+    def cancel_burnin(self, run_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", f"/api/v1/burn-ins/{run_id}/cancel")
+        return result
+
+    def burnin_fleet(self, step: str | None = None) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call(
+            "GET", "/api/v1/burn-ins/fleet", params={"step": step} if step else {}
+        )
+        return result
+
+    def burnin_held(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/burn-ins/held")
+        return result
+
+    def burnin_profiles(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/api/v1/burn-in-profiles")
         return result
 
     def fault(self, node: str, action: str, kind: str | None, gpu: int | None) -> dict[str, Any]:
@@ -552,12 +603,37 @@ class HeadClient:
         result: dict[str, Any] = self._call("PUT", f"/api/v1/nodes/{node}/bmc", json=spec)
         return result
 
+    def add_switch(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/switches", json=spec)
+        return result
+
+    def list_switches(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/switches")
+        return result
+
+    def get_switch(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/switches/{name}")
+        return result
+
+    def remove_switch(self, name: str) -> None:
+        self._call("DELETE", f"/api/v1/switches/{name}")
+
+    def node_links(self, node: str) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", f"/api/v1/nodes/{node}/links")
+        return result
+
     def get_bmc(self, node: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/api/v1/nodes/{node}/bmc")
         return result
 
     def remove_bmc(self, node: str) -> None:
         self._call("DELETE", f"/api/v1/nodes/{node}/bmc")
+
+    def storage(self, status: str | None = None) -> list[dict[str, Any]]:
+        """The shared file systems' fleet view (GET /api/v1/storage)."""
+        params = {"status": status} if status else None
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/storage", params=params)
+        return result
 
     def power_states(self, nodes: str | None = None) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/power", params={"nodes": nodes} if nodes else None)
@@ -632,6 +708,28 @@ class HeadClient:
 
     def idle_gpus(self, below: float) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/reports/idle-gpus", params={"below": below})
+        return result
+
+    # -- maintenance campaigns ----------------------------------------------------------------------
+    def plan_campaign(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/maintenance/plans", json=spec)
+        return result
+
+    def create_campaign(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/maintenance/campaigns", json=spec)
+        return result
+
+    def list_campaigns(self, limit: int = 100) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/maintenance/campaigns", params={"limit": limit})
+        return result
+
+    def show_campaign(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/api/v1/maintenance/campaigns/{quote(name, safe='')}")
+        return result
+
+    def campaign_action(self, name: str, verb: str) -> dict[str, Any]:
+        """pause, resume or cancel a campaign; returns it as it is now."""
+        result: dict[str, Any] = self._call("POST", f"/api/v1/maintenance/campaigns/{quote(name, safe='')}/{verb}")
         return result
 
 

@@ -19,6 +19,7 @@ from gpufleet.cli.app import app
 from gpufleet.cli.output import Format, OutputOpt, print_json, table
 from gpufleet.cli.state import state
 from gpufleet.core import gc_tuning, logs
+from gpufleet.core.config_storage import check_mount_paths
 from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.protocol.messages import check_node_name
 from gpufleet.protocol.metrics import FAULT_KINDS
@@ -199,6 +200,14 @@ def sim_replay(
         typer.echo("warning: some jobs neither started nor were unschedulable (see -o json: never_started)", err=True)
 
 
+def _shared_mounts(paths: list[str]) -> list[str]:
+    """`--shared-mount` paths, checked as the `shared_mounts` setting checks them. Raises InvalidInput."""
+    try:
+        return check_mount_paths(paths)
+    except ValueError as exc:
+        raise InvalidInput(f"--shared-mount: {exc}") from None
+
+
 def _fault_answer(result: dict[str, object]) -> None:
     if not result["ok"]:
         raise InvalidInput(f"node {result['node']} refused: {result['message']}")
@@ -228,6 +237,41 @@ def sim(
     software: Annotated[
         bool, typer.Option("--software/--no-software", help="report simulated installed software (assets, CVEs)")
     ] = False,
+    fault: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fault",
+            metavar="NODE:KIND[:GPU]",
+            help="a fault NODE has from the start, e.g. sim003:weak-gpu-slow:2 or sim007:weak-link (repeat)",
+        ),
+    ] = None,
+    burnin_time_scale: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            max=10,
+            envvar="GPUFLEET_SIM_BURNIN_TIME_SCALE",
+            help="a burn-in step lasts its seconds times this (default 0.005)",
+        ),
+    ] = None,
+    burnin_max_seconds: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            max=86_400,
+            envvar="GPUFLEET_SIM_BURNIN_MAX_SECONDS",
+            help="and at most this many seconds (default 0.5)",
+        ),
+    ] = None,
+    shared_mount: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--shared-mount",
+            metavar="PATH",
+            help="a shared NFS mount every node has and requires, checked every checks_interval_s; "
+            "`sim fault NODE --kind mount-hang` hangs it (repeat)",
+        ),
+    ] = None,
 ) -> None:
     """Run N simulated GPU nodes: real agent code over a simulated NVML."""
     if ctx.invoked_subcommand is not None:  # fault/heal talk to the head; `sim --server` names it too
@@ -238,8 +282,10 @@ def sim(
     logs.configure(settings.log_level)
     from gpufleet.agent.trust import head_context
     from gpufleet.core.tls import split_join_token
-    from gpufleet.sim.runner import SimOptions, Simulation, default_state_dir
+    from gpufleet.sim.jobs import BURNIN_MAX_S, BURNIN_TIME_SCALE
+    from gpufleet.sim.runner import SimOptions, Simulation, default_state_dir, parse_fault
 
+    faults = [parse_fault(spec) for spec in fault or []]  # a typo fails before the head is reached
     state_dir = state_dir or default_state_dir()
     secret, pin = split_join_token(join_token) if join_token else (None, None)
     context = asyncio.run(head_context(settings.server, pin, state_dir, settings.ca_file, settings.insecure_http))
@@ -258,6 +304,12 @@ def sim(
             heartbeat_interval_s=heartbeat_interval,
             metrics_interval_s=settings.metrics_interval_s,
             software=software,
+            faults=faults,
+            burnin_time_scale=BURNIN_TIME_SCALE if burnin_time_scale is None else burnin_time_scale,
+            burnin_max_s=BURNIN_MAX_S if burnin_max_seconds is None else burnin_max_seconds,
+            shared_mounts=_shared_mounts(shared_mount or []),
+            storage_probe_timeout_s=settings.storage_probe_timeout_s,
+            checks_interval_s=settings.checks_interval_s if shared_mount else None,
         )
     )
     simulation.build()

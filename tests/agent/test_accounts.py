@@ -103,6 +103,17 @@ def test_new_user_gets_a_group_and_an_account(tmp_path: Path) -> None:
     assert (tmp_path / "state" / "accounts.json").stat().st_mode & 0o777 == 0o600
 
 
+def test_a_home_from_the_directory_is_where_useradd_makes_it(tmp_path: Path) -> None:
+    root = make_root(tmp_path, homes=False)
+    runner = FakeRunner()
+    report = AccountSync(root, tmp_path / "state" / "accounts.json", runner).apply(
+        AccountList.of([account("dora", 20006, home="/u/research/dora")])
+    )
+    assert report.created == ["dora"]
+    useradd = runner.calls[-1]
+    assert useradd[useradd.index("-d") + 1] == "/u/research/dora"
+
+
 def test_an_existing_gid_is_joined_not_created(tmp_path: Path) -> None:
     root = make_root(tmp_path, homes=False)
     runner = FakeRunner()
@@ -147,6 +158,14 @@ def test_unmanaged_accounts_and_taken_uids_are_skipped_untouched(tmp_path: Path)
         (account("zed", 20010, login="/bin/../tmp/sh"), "not a valid shell"),
         (account("zed", 20010, login="bash"), "not a valid shell"),
         (account("zed", 20010, login="/bin/sh -c evil"), "not a valid shell"),
+        # A home from the directory must be the user's own, outside the system's trees.
+        (account("zed", 20010, home="/root"), "not a home directory it may have"),
+        (account("zed", 20010, home="/etc/zed"), "not a home directory it may have"),
+        (account("zed", 20010, home="/home/other"), "not a home directory it may have"),
+        (account("zed", 20010, home="/home/../root/zed"), "not a home directory it may have"),
+        (account("zed", 20010, home="home/zed"), "not a home directory it may have"),
+        (account("zed", 20010, home="/zed"), "not a home directory it may have"),
+        (account("zed", 20010, home="/home/zed\n/etc"), "not a home directory it may have"),
     ],
 )
 def test_bad_entries_never_reach_a_command(tmp_path: Path, bad: Account, reason: str) -> None:

@@ -23,6 +23,8 @@ from gpufleet.core.db import transaction
 OTHERWISE_AUTHENTICATED = {
     ("POST", "/api/v1/agent/join"): "takes a join token, spent by the route itself",
     ("POST", "/api/v1/login"): "takes a user name and password, checked by auth.identity",
+    ("POST", "/api/v1/login/sso"): "takes an ID token from the sign-on provider, checked by directory.oidc",
+    ("GET", "/api/v1/sso"): "public: where the CLI signs on (issuer, client id, scopes), no secret",
 }
 
 

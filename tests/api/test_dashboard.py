@@ -19,6 +19,9 @@ from gpufleet.monitoring import alerts
 from tests.api.dashboard_helpers import csrf_header, logged_in, row_names, stat, up_node, write_gpu_sample
 from tests.conftest import need
 
+# Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 
 def test_overview_counts_nodes_by_state_and_gpus_by_use(client: TestClient) -> None:
     client.post("/api/v1/nodes", json={"names": ["new[1-2]"]})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import re
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,7 +14,15 @@ from gpufleet.api.templates import TEMPLATES
 from gpufleet.auth import audit
 from gpufleet.core.clock import FakeClock, to_datetime
 from gpufleet.core.db import transaction
+from gpufleet.directory.schemas import DirectoryStatus, SourceStatus
 from tests.api.dashboard_helpers import PASSWORD, csrf_header, logged_in
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    """SQLite only: pages, forms and input parsing are HTTP translation, the same on both databases (the
+    domain tests run both)."""
+    return f"sqlite:///{tmp_path / 'gpufleet.db'}"
 
 
 def _rows(page: str, table: str, attribute: str) -> list[str]:
@@ -277,8 +286,9 @@ def test_admins_get_disable_enable_and_delete_buttons_that_call_the_api(client: 
 def test_without_users_write_the_users_table_has_no_buttons(clock: FakeClock) -> None:
     """Only a read-scoped admin has users:read without users:write; the table must then be read-only."""
     at = to_datetime(clock.now())
-    alice = UserRow("alice", "", "member", True, at, None, 0, 0)
-    context = {"self_url": "/users", "refresh_s": 5, "me": "root", "users": [alice]}
+    alice = UserRow("alice", "", "member", True, at, None, 0, 0, "local", None)
+    directory = DirectoryStatus(identity_provider="local", sso=False, users={"local": 1}, sources=[], problems=[])
+    context = {"self_url": "/users", "refresh_s": 5, "me": "root", "users": [alice], "directory": directory}
     template = TEMPLATES.get_template("fragments/users.html")
     read_only = template.render(context | {"may": {"users:read"}})
     writable = template.render(context | {"may": {"users:read", "users:write"}})
@@ -287,6 +297,33 @@ def test_without_users_write_the_users_table_has_no_buttons(clock: FakeClock) ->
     assert '<th scope="col">Actions</th>' not in read_only
     assert ">Disable</button>" in writable
     assert 'data-method="DELETE"' in writable
+
+
+def test_a_directory_users_row_says_where_they_come_from_and_offers_no_local_change(clock: FakeClock) -> None:
+    """A user from LDAP is changed in the directory: no Disable/Enable here, but they can be deleted; the
+    directory's last sync and what its group mappings cannot apply are shown above the table."""
+    at = to_datetime(clock.now())
+    alice = UserRow("alice", "", "admin", True, at, None, 0, 0, "ldap", at)
+    synced = SourceStatus(
+        source="ldap", attempted_at=at, succeeded_at=at, error="", users=4, changed=1,
+        problems=["ldap user bob: a local user has that name"],
+    )  # fmt: skip
+    directory = DirectoryStatus(
+        identity_provider="ldap", sso=False, users={"local": 1, "ldap": 1, "oidc": 0}, sources=[synced],
+        problems=["ldap: group ml-gone maps to project gone, which does not exist"],
+    )  # fmt: skip
+    page = TEMPLATES.get_template("fragments/users.html").render(
+        {"self_url": "/users", "refresh_s": 5, "me": "root", "users": [alice], "directory": directory}
+        | {"may": {"users:read", "users:write"}}
+    )
+    row = _row(page, "data-user", "alice")
+    assert "<td>ldap</td>" in row.replace(' title="last read ' + at.strftime("%Y-%m-%d %H:%M:%S") + '"', "")
+    assert ">Disable</button>" not in row
+    assert 'data-method="DELETE"' in row
+    assert "1 local, 1 ldap" in page
+    assert "ldap user bob: a local user has that name" in page
+    assert "group ml-gone maps to project gone, which does not exist" in page
+    assert "break-glass" in page
 
 
 def test_a_viewers_api_call_from_a_button_would_be_refused(client: TestClient) -> None:

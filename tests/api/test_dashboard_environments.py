@@ -1,9 +1,13 @@
 """The Environments page: each environment with the driver it needs, how many nodes can run it and why
 the others cannot (grouped by driver), and the job templates on offer."""
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.dashboard_helpers import logged_in, up_node
+
+# Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
 def test_environments_show_which_nodes_can_run_them_and_the_templates(client: TestClient) -> None:

@@ -20,6 +20,9 @@ from gpufleet.protocol.jobs import JobOutput
 from tests.api.dashboard_helpers import csrf_header, logged_in, stat, write_gpu_sample
 from tests.jobs.helpers import cluster, job, node_id, project, ranks, report, submit, tick, users
 
+# Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 
 @pytest.fixture
 def app(client: TestClient) -> FastAPI:

@@ -24,6 +24,9 @@ from tests.api.dashboard_helpers import logged_in
 from tests.api.loopback_replica import echo_replica
 from tests.jobs.helpers import LIMITS, as_user, cluster, project, report, tick, users
 
+# Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 ALICE = as_user("alice")
 
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
 from fastapi.testclient import TestClient
 
 from gpufleet.core.db import transaction
 from gpufleet.jobs.models import Job, JobState
 from tests.api.dashboard_helpers import logged_in
 from tests.jobs.helpers import cluster, set_node
+
+# Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
 def test_nodes_and_jobs_show_slurms_side(client: TestClient) -> None:

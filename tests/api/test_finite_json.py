@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from fastapi import params
@@ -10,6 +11,14 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from fastapi.testclient import TestClient
 
 from gpufleet.api.finite_json import non_finite
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    """SQLite only: pages, forms and input parsing are HTTP translation, the same on both databases (the
+    domain tests run both)."""
+    return f"sqlite:///{tmp_path / 'gpufleet.db'}"
+
 
 CONSTANTS = ("NaN", "Infinity", "-Infinity")
 JSON = {"content-type": "application/json"}

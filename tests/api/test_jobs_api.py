@@ -1,6 +1,9 @@
 """The jobs API: who may do what to whose jobs, and bad input answered with 4xx, never 5xx."""
 
+from typing import Any
+
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine, event
 
 from tests.api.dashboard_helpers import up_node
 
@@ -53,3 +56,31 @@ def test_bad_input_is_a_4xx(client: TestClient) -> None:
     long_name = client.post("/api/v1/jobs", json={"user": "alice", "argv": ["/opt/" + "x" * 300]})
     assert long_name.status_code == 201
     assert len(long_name.json()["name"]) == 128
+
+
+def test_a_submission_is_one_short_transaction(client: TestClient, engine: Engine) -> None:
+    """A user's own submission reads the token with its user, the user with their projects and the
+    inventory's capacity, and writes the job and its audit record: five statements and one commit,
+    whatever the numbers of nodes, projects or queued jobs (issue 22)."""
+    for name in ("n1", "n2", "n3"):
+        up_node(client, name, gpus=2)
+    alice = _user_token(client, "alice")
+    assert client.post("/api/v1/projects", json={"name": "vision"}).status_code == 201
+    assert client.post("/api/v1/projects/vision/members", json={"user": "alice"}).status_code == 200
+    for _ in range(3):  # a queue to ignore
+        assert client.post("/api/v1/jobs", json={"argv": ["x"]}, headers=alice).status_code == 201
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(" ".join(statement.split()[:2]).upper())
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        answer = client.post("/api/v1/jobs", json={"argv": ["train"], "gpus_per_node": 1}, headers=alice)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["project"] == "vision"
+    work = [sql for sql in seen if not sql.startswith(("BEGIN", "COMMIT", "PRAGMA", "ROLLBACK", "SAVEPOINT"))]
+    assert len(work) <= 5, seen
+    assert sum(sql.startswith("INSERT INTO") for sql in work) == 2, seen  # the job and its audit record

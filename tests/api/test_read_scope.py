@@ -22,6 +22,7 @@ from gpufleet.power.ports import BmcTarget
 NO_TOKEN = {
     ("POST", "/api/v1/agent/join"): "a join token",
     ("POST", "/api/v1/login"): "a user name and password",
+    ("POST", "/api/v1/login/sso"): "an ID token from the sign-on provider",
     ("POST", "/login"): "the dashboard's login form",
     ("POST", "/logout"): "the dashboard's session cookie",
 }

@@ -7,6 +7,9 @@ from fastapi.testclient import TestClient
 
 from gpufleet.core.clock import FakeClock
 
+# Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 PASSWORD = "correct horse battery"
 
 

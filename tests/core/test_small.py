@@ -95,3 +95,32 @@ def test_a_burst_of_wakes_costs_a_pass_per_gap() -> None:
     during, lag = asyncio.run(scenario())
     assert 3 <= during <= 7  # about one pass per 0.2 s over the 1 s burst, not a hundred
     assert lag <= 0.3  # the burst's last wake is served within about a gap
+
+
+def test_a_slow_woken_pass_waits_in_proportion_before_the_next() -> None:
+    """A pass that takes long (a scheduler over a huge queue) is followed, under a stream of wakes, by a wait
+    of about 19 times its length (WAKE_SHARE 5 %), not by the fixed gap: wakes cannot make it eat a core."""
+    import asyncio
+
+    from gpufleet.core.loops import WAKE_SHARE, run_periodic
+
+    async def scenario() -> int:
+        stop, wake = asyncio.Event(), asyncio.Event()
+        passes = 0
+
+        async def step() -> None:
+            nonlocal passes
+            passes += 1
+            await asyncio.sleep(0.05)  # each pass takes 50 ms: the next woken one waits about 0.95 s
+
+        task = asyncio.create_task(run_periodic("test", 10.0, step, stop, wake=wake, wake_gap_s=0.01))
+        for _ in range(150):  # a wake every 10 ms for 1.5 s
+            wake.set()
+            await asyncio.sleep(0.01)
+        stop.set()
+        await task
+        return passes
+
+    assert WAKE_SHARE == 0.05
+    passes = asyncio.run(scenario())
+    assert 2 <= passes <= 3  # the first, then one per second of wakes; with the fixed gap alone about 25

@@ -13,13 +13,13 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.core.clock import FakeClock, to_datetime
+from gpufleet.core.credentials import CredentialBox, ensure_key_file
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import ConfigError, Conflict, InvalidInput, NotFound
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.power import service as power
-from gpufleet.power.credentials import CredentialBox, ensure_key_file
 from gpufleet.power.ports import PowerState
 from gpufleet.power.schemas import PowerAction
 from gpufleet.tasks import service as tasks

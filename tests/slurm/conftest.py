@@ -116,13 +116,52 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     yield from start_cluster("Slurm", SLURM_LOCK)
 
 
+def quiet_node(commands: SlurmCommands, node: str) -> None:
+    """Leave the test Slurm as every test holding `slurm_node` starts: no job of anybody's in the queue (a
+    cancelled job holds the node's CPUs while it completes), the node undrained and idle.
+
+    Every user's jobs: a job another test submitted as root, still completing, left a test's own job pending
+    past its wait."""
+    queued = commands.run(["squeue", "-h", "-o", "%A"]).split()
+    if queued:
+        commands.run(["scancel", "--full", *queued])
+    wait_until("Slurm to empty its queue", lambda: not _queue(commands), 60, describe=lambda: _queue(commands))
+    if sinfo_node(commands, node).rstrip("*").startswith(("drain", "down")):
+        commands.run(["scontrol", "update", f"nodename={node}", "state=resume"])
+    seen: list[str] = []  # every state it passed through, for the failure message
+
+    def idle() -> bool:
+        state = sinfo_node(commands, node)
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        return state == "idle"
+
+    def says() -> str:
+        return f"states seen: {' -> '.join(seen)}; {slurm_says(commands, node)}"
+
+    wait_until("the node to be idle", idle, describe=says)
+
+
+def _queue(commands: SlurmCommands) -> str:
+    return commands.run(["squeue", "-h", "-o", "%i %u %T %r"]).strip().replace("\n", " | ")
+
+
+def slurm_says(commands: SlurmCommands, node: str) -> str:
+    """The queue (each job's state and reason) and the node, for a failure message."""
+    queue = commands.run(["squeue", "-h", "--states=all", "-o", "%i %u %T %r %N"]).strip().replace("\n", " | ")
+    return f"squeue: {queue}; node: {commands.run(['scontrol', '-o', 'show', 'node', node]).strip()}"
+
+
 @pytest.fixture
-def slurm_lock(heavy: None) -> Iterator[None]:
-    """Tests that change the one Slurm node's state hold this, so xdist workers take turns. They take the
-    heavy lock first: a debootstrap or a 200-node join storm beside them left slurmctld too slow to answer
-    within the commands' 30 s, and the storm's heartbeats starved in turn."""
+def slurm_node(heavy: None, slurm_cluster: SlurmCluster) -> Iterator[str]:
+    """The test Slurm's one node, held by this test alone (xdist workers take turns), quiet before and after
+    (`quiet_node`). It takes the heavy lock first: a debootstrap or a 200-node join storm beside these tests
+    left slurmctld too slow to answer within the commands' 30 s, and the storm's heartbeats starved in turn."""
+    commands = SlurmCommands(slurm_cluster.conf, timeout_s=30)
     with FileLock(str(Path("/tmp") / "gpufleet-test-slurm-node.lock")):
-        yield
+        quiet_node(commands, slurm_cluster.node)
+        yield slurm_cluster.node
+        quiet_node(commands, slurm_cluster.node)
 
 
 @pytest.fixture

@@ -25,11 +25,8 @@ DRAIN_GOAL_S = 2.0
 
 
 @pytest.fixture
-def slurm_head(tmp_path: Path, slurm_cluster: SlurmCluster, slurm_lock: None) -> Iterator[tuple[Head, SlurmCommands]]:
+def slurm_head(tmp_path: Path, slurm_cluster: SlurmCluster, slurm_node: str) -> Iterator[tuple[Head, SlurmCommands]]:
     commands = SlurmCommands(slurm_cluster.conf, timeout_s=30)
-    commands.run(["scancel", "--full", "--user=nobody"])
-    if "drain" in _state(commands, slurm_cluster.node):
-        commands.run(["scontrol", "update", f"nodename={slurm_cluster.node}", "state=resume"])
     env = FAST | {
         "GPUFLEET_WORKLOAD_MANAGER": "slurm",
         "GPUFLEET_SLURM_CONF": slurm_cluster.conf,
@@ -43,9 +40,6 @@ def slurm_head(tmp_path: Path, slurm_cluster: SlurmCluster, slurm_lock: None) ->
     finally:
         stop(sim)
         head.kill(signal.SIGTERM)
-        commands.run(["scancel", "--full", "--user=nobody"])
-        if "drain" in _state(commands, slurm_cluster.node):
-            commands.run(["scontrol", "update", f"nodename={slurm_cluster.node}", "state=resume"])
 
 
 def _state(commands: SlurmCommands, node: str) -> str:

@@ -37,18 +37,12 @@ def mapped_to(job_map_dir: Path, job: str) -> set[int]:
     return {int(p.name) for p in job_map_dir.glob("[0-9]*") if p.name.isdigit() and job in p.read_text().splitlines()}
 
 
-def test_a_jobs_gpus_are_mapped_while_it_runs_and_forgotten_after(
-    slurm_cluster: SlurmCluster, slurm_lock: None
-) -> None:
+def test_a_jobs_gpus_are_mapped_while_it_runs_and_forgotten_after(slurm_cluster: SlurmCluster, slurm_node: str) -> None:
     if "SLURM_JOB_MAP_DIR" not in slurm_cluster.env:
         pytest.fail("the running test Slurm predates the job map: bash scripts/services/slurm.sh stop, then rerun")
     commands = SlurmCommands(slurm_cluster.conf, timeout_s=30)
     jobmap = slurm_cluster.job_map_dir
     reader = SlurmJobMap(jobmap)
-    wait_until(
-        "the node to be idle",
-        lambda: sinfo_node(commands, slurm_cluster.node) == "idle",
-    )
     submitted = commands.run(
         ["sbatch", "--parsable", "--gres=gpu:2", "--account=vision", "-o", "/dev/null", "--wrap", "sleep 6"]
     )

@@ -6,8 +6,6 @@ lifted in Slurm by hand mirrored on the node row."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -26,7 +24,7 @@ from gpufleet.jobs.slurm.sync import SlurmSync, SyncResult
 from gpufleet.protocol.inventory import GpuInfo, NodeInventory
 from gpufleet.protocol.jobs import DEFAULT_PATH
 from tests.jobs.helpers import ADMIN, LIMITS, users
-from tests.slurm.conftest import SlurmCluster, sinfo_node, wait_until
+from tests.slurm.conftest import SlurmCluster, slurm_says, wait_until
 
 pytestmark = pytest.mark.slurm
 SHOW = '"gpus=$CUDA_VISIBLE_DEVICES greeting=$GREETING user=$(id -un) path=$PATH"'
@@ -41,20 +39,11 @@ def commands(slurm_cluster: SlurmCluster) -> SlurmCommands:
 
 @pytest.fixture
 def sync(
-    slurm_cluster: SlurmCluster, commands: SlurmCommands, sessions: sessionmaker[Session], slurm_lock: None
-) -> Iterator[SlurmSync]:
+    slurm_cluster: SlurmCluster, sessions: sessionmaker[Session], slurm_node: str, commands: SlurmCommands
+) -> SlurmSync:
     """A head's Slurm pass over a database holding the Slurm node (4 GPUs) and the user nobody; the Slurm
-    queue emptied and the node undrained before and after."""
+    node quiet before and after (`slurm_node`)."""
     clock = SystemClock()
-    commands.run(["scancel", "--full", "--user=nobody"])
-    # A cancelled job holds the node's CPUs while it completes (long on a busy machine): a test starting then
-    # saw its own job pend past its wait. Start from a node nobody's jobs have left.
-    wait_until(
-        "Slurm to finish cancelling nobody's jobs",
-        lambda: not commands.run(["squeue", "-h", "--user=nobody", "--states=PD,R,CG,CF,S"]).strip(),
-        60,
-    )
-    _undrain(commands, slurm_cluster.node)
     with transaction(sessions) as s:
         (node,) = inventory.add_nodes(s, clock, [slurm_cluster.node], NodeSettings())
         inventory.apply_inventory(
@@ -76,15 +65,7 @@ def sync(
         )
     users(sessions, clock, RUN_AS)
     manager = SlurmWorkloadManager(commands, clock)
-    yield SlurmSync(sessions, clock, manager, BatchOptions(output_dir=slurm_cluster.jobout, run_as_others=True))
-    commands.run(["scancel", "--full", "--user=nobody"])
-    _undrain(commands, slurm_cluster.node)
-
-
-def _undrain(commands: SlurmCommands, node: str) -> None:
-    state = sinfo_node(commands, node)
-    if "drain" in state or state.startswith("down"):
-        commands.run(["scontrol", "update", f"nodename={node}", "state=resume"])
+    return SlurmSync(sessions, clock, manager, BatchOptions(output_dir=slurm_cluster.jobout, run_as_others=True))
 
 
 def submit(sessions: sessionmaker[Session], **spec: object) -> int:
@@ -113,8 +94,19 @@ def settle(
         last[:] = [sync.once()]
         return row(sessions, job_id).state in states
 
-    wait_until(f"job {job_id} to reach {sorted(s.value for s in states)} (last pass: {last})", reached, timeout_s)
+    commands = sync.manager.commands
+    node = commands.run(["sinfo", "-h", "-N", "-o", "%N"]).split()[0]  # the test Slurm has one node
+    wait_until(
+        f"job {job_id} to reach {sorted(s.value for s in states)}",
+        reached,
+        timeout_s,
+        describe=lambda: f"the row: {_said(row(sessions, job_id))}; last pass: {last}; {slurm_says(commands, node)}",
+    )
     return row(sessions, job_id)
+
+
+def _said(job: Job) -> str:
+    return f"{job.state.value} as Slurm job {job.external_id}, {job.reason!r}"
 
 
 def test_a_job_runs_in_slurm_on_the_gpus_it_asked_for(

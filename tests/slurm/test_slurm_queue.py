@@ -15,9 +15,17 @@ from gpufleet.jobs.models import Job, JobState
 from gpufleet.jobs.slurm import output as slurm_output
 from gpufleet.jobs.slurm.batch import BatchOptions, job_environment, render_script, sbatch_argv
 from gpufleet.jobs.slurm.history import parse_sacct_end
-from gpufleet.jobs.slurm.queue import SlurmJob, parse_squeue_json, split_task_name, task_name, task_ranges
+from gpufleet.jobs.slurm.queue import (
+    SlurmJob,
+    job_comment,
+    parse_squeue_json,
+    split_task_name,
+    task_name,
+    task_ranges,
+)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "slurm"
+SUBMITTED = datetime(2025, 12, 6, 5, 46, 40, 123456, tzinfo=UTC)  # 1765000000.123456
 
 
 def jobs(name: str) -> dict[str, SlurmJob]:
@@ -215,8 +223,10 @@ def test_a_comment_names_a_gpufleet_job_only_in_gpufleets_form() -> None:
     def with_comment(comment: str | None) -> int | None:
         return SlurmJob("1", "n", "u", None, None, "RUNNING", None, comment).gpufleet_id
 
-    assert with_comment("gpufleet:12") == 12
-    assert [with_comment(c) for c in (None, "gpufleet:", "gpufleet:12x", "my job", "gpufleet: 3")] == [None] * 5
+    assert with_comment("gpufleet:12") == 12  # as gpufleet wrote them before the stamp
+    assert with_comment(job_comment(12, SUBMITTED)) == 12
+    bad = (None, "gpufleet:", "gpufleet:12x", "my job", "gpufleet: 3", "gpufleet:12:", "gpufleet:12:3:4")
+    assert [with_comment(c) for c in bad] == [None] * len(bad)
 
 
 def test_sacct_tells_how_a_job_that_left_the_queue_ended() -> None:
@@ -265,6 +275,7 @@ def job(**values: object) -> Job:
         "container": None,
         "requeue": False,
         "category": None,
+        "submitted_at": SUBMITTED,
     }
     return Job(**(defaults | values))
 
@@ -275,7 +286,7 @@ def test_a_job_becomes_sbatch_arguments_one_option_each() -> None:
         "sbatch",
         "--parsable",
         "--job-name=train",
-        "--comment=gpufleet:5",
+        "--comment=gpufleet:5:1765000000123456",  # the row's id and the microsecond it was submitted
         "--nodes=2",
         "--ntasks-per-node=1",
         "--time=61",  # minutes, rounded up
@@ -364,7 +375,7 @@ def test_an_array_is_one_sbatch_with_the_arrays_comment_and_shared_variables() -
     options = BatchOptions(output_dir=Path("/shared/out"))
     argv = sbatch_argv(task(), "/tmp/s.sh", options, head_user="alice", tasks=[*range(7, 1000), 3])
     assert "--array=3,7-999%50" in argv
-    assert "--comment=gpufleet:5" in argv  # the array's id, which every task's row carries
+    assert "--comment=gpufleet:5:1765000000123456" in argv  # the array's id, which every task's row carries
     assert "--output=/shared/out/gpufleet-%A_%a.out" in argv  # read back as gpufleet-<array>_<task>.out
     # The task's own id differs in each task, so it cannot go through --export; the others can.
     export = next(a for a in argv if a.startswith("--export="))

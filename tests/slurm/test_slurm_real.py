@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -38,40 +37,12 @@ def sinfo_state(commands: SlurmCommands, node: str) -> str:
 
 
 @pytest.fixture
-def free_node(
-    slurm_cluster: SlurmCluster,
-    commands: SlurmCommands,
-    slurm_lock: None,
-    sessions: sessionmaker[Session],
-    clock: FakeClock,
-) -> Iterator[str]:
-    """The Slurm node, idle and undrained, held by this test alone, with a gpufleet node row of the same name;
-    left undrained afterwards whatever the test did."""
-    name = slurm_cluster.node
+def free_node(slurm_node: str, sessions: sessionmaker[Session], clock: FakeClock) -> str:
+    """The Slurm node, quiet and held by this test alone (`slurm_node`), with a gpufleet node row of the
+    same name."""
     with transaction(sessions) as s:
-        inventory.add_nodes(s, clock, [name], NodeSettings())
-
-    def undrain() -> None:
-        if sinfo_state(commands, name).rstrip("*") in {"drained", "draining", "down"}:
-            commands.run(["scontrol", "update", f"nodename={name}", "state=resume"])
-        seen: list[str] = []  # every state it passed through, for the failure message
-
-        def idle() -> bool:
-            state = sinfo_state(commands, name)
-            if not seen or seen[-1] != state:
-                seen.append(state)
-            return state == "idle"
-
-        wait_until("the node to be idle", idle, describe=lambda: f"states seen: {' -> '.join(seen)}; {_queue()}")
-
-    def _queue() -> str:
-        queue = commands.run(["squeue", "-h", "--states=all", "-o", "%i %u %T %r %N"]).strip().split("\n")
-        node = commands.run(["scontrol", "-o", "show", "node", name]).strip()
-        return f"squeue: {' | '.join(queue)}; node: {node}"
-
-    undrain()
-    yield name
-    undrain()
+        inventory.add_nodes(s, clock, [slurm_node], NodeSettings())
+    return slurm_node
 
 
 def test_node_states_are_read(slurm_cluster: SlurmCluster, manager: SlurmWorkloadManager, free_node: str) -> None:

@@ -26,6 +26,7 @@ from gpufleet.jobs.schemas import JobSubmit
 from gpufleet.jobs.slurm.batch import BatchOptions
 from gpufleet.jobs.slurm.commands import Completed, SlurmCommands
 from gpufleet.jobs.slurm.manager import SlurmWorkloadManager
+from gpufleet.jobs.slurm.queue import job_comment
 from gpufleet.jobs.slurm.sync import MAX_SUBMITS_PER_PASS, SlurmSync
 from tests.conftest import FIXTURES
 from tests.jobs.helpers import ADMIN, LIMITS, cluster, users
@@ -66,28 +67,39 @@ class ScriptedSlurm:
     def calls_of(self, program: str) -> list[list[str]]:
         return [c for c in self.calls if c[0] == program]
 
-    def task(self, comment: int, task: int, job_id: int, submitted: float) -> dict[str, Any]:
-        """The captured running task's record, as task `task` of ARRAY."""
+    def task(self, comment: int | str, task: int, job_id: int, submitted: float) -> dict[str, Any]:
+        """The captured running task's record, as task `task` of ARRAY (`comment`: the whole comment, or the
+        gpufleet id of one in the form without a stamp)."""
         record = copy.deepcopy(self.running)
         record.update(
-            job_id=job_id, array_job_id=int(ARRAY), array_task_id=task, comment=f"gpufleet:{comment}", user_name="alice"
+            job_id=job_id, array_job_id=int(ARRAY), array_task_id=task, comment=_comment(comment), user_name="alice"
         )
         record["submit_time"] = int(submitted)
         return record
 
-    def unstarted(self, comment: int, tasks: str, submitted: float, state: str = "PENDING") -> dict[str, Any]:
+    def unstarted(self, comment: int | str, tasks: str, submitted: float, state: str = "PENDING") -> dict[str, Any]:
         """The captured record of the unstarted rest, standing for `tasks` of ARRAY."""
         record = copy.deepcopy(self.rest)
         record.update(
             job_id=int(ARRAY),
             array_job_id=int(ARRAY),
             array_task_string=tasks,
-            comment=f"gpufleet:{comment}",
+            comment=_comment(comment),
             user_name="alice",
             job_state=state,
         )
         record["submit_time"] = int(submitted)
         return record
+
+
+def _comment(comment: int | str) -> str:
+    return comment if isinstance(comment, str) else f"gpufleet:{comment}"
+
+
+def comment_of(sessions: sessionmaker[Session], first: int) -> str:
+    """The comment gpufleet gives the sbatch of the array whose first task's row is `first`."""
+    with transaction(sessions, readonly=True) as s:
+        return job_comment(first, s.get_one(Job, first).submitted_at)
 
 
 @pytest.fixture
@@ -147,7 +159,7 @@ def test_an_array_larger_than_sqlites_parameter_limit_is_one_sbatch_and_stays_pe
     assert result.problem is None
     (sbatch,) = slurm.calls_of("sbatch")
     assert f"--array=0-{size - 1}%50" in sbatch
-    assert f"--comment=gpufleet:{first}" in sbatch
+    assert f"--comment={comment_of(sessions, first)}" in sbatch
     assert result.arrays == {first: ARRAY}
     assert len(result.submitted) == size
     rows = tasks(sessions, first)
@@ -228,13 +240,32 @@ def test_a_lost_sbatch_answer_is_found_by_the_arrays_comment(
     sync: SlurmSync, slurm: ScriptedSlurm, sessions: sessionmaker[Session], clock: FakeClock
 ) -> None:
     first = submit_array(sessions, clock, "0-3")
-    submitted = clock.now() + 1
-    slurm.records = [slurm.task(first, 0, 78, submitted), slurm.unstarted(first, "1-3", submitted)]
+    submitted, comment = clock.now() + 1, comment_of(sessions, first)
+    slurm.records = [slurm.task(comment, 0, 78, submitted), slurm.unstarted(comment, "1-3", submitted)]
     result = sync.once()
     assert slurm.calls_of("sbatch") == []
     assert result.arrays == {first: ARRAY}
     assert result.imported == 0  # gpufleet's own array, not one submitted to Slurm directly
     assert [t.external_id for t in tasks(sessions, first)] == [f"{ARRAY}_{i}" for i in range(4)]
+
+
+@pytest.mark.parametrize("other", ["gpufleet:{first}:1", "gpufleet:{first}"], ids=["another-stamp", "no-stamp"])
+def test_another_databases_array_with_the_same_id_is_never_taken_for_this_one(
+    sync: SlurmSync, slurm: ScriptedSlurm, sessions: sessionmaker[Session], clock: FakeClock, other: str
+) -> None:
+    """A second head on this Slurm, or this one before its database was reset, submitted its job 1 in the same
+    second: that job is not this row's lost sbatch. Taken for it, the row once followed the other job to its end
+    and never ran (tests/slurm/test_slurm_jobs.py in CI)."""
+    first = submit_array(sessions, clock, "4,9")
+    theirs = other.format(first=first)
+    slurm.records = [slurm.task(theirs, 4, 78, clock.now()), slurm.task(theirs, 9, 79, clock.now())]
+    for record in slurm.records:
+        record["job_state"] = "COMPLETED"
+    result = sync.once()
+    (sbatch,) = slurm.calls_of("sbatch")
+    assert f"--comment={comment_of(sessions, first)}" in sbatch
+    assert result.arrays == {first: ARRAY}
+    assert {t.state for t in tasks(sessions, first)} == {JobState.PENDING}
 
 
 def test_the_submit_limit_counts_arrays_and_never_splits_one(

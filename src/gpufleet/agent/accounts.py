@@ -39,6 +39,13 @@ Runner = Callable[[Sequence[str]], None]
 MIN_ID = 1000
 MAX_ID = 2**31 - 2
 SHELL_PATTERN = re.compile(r"/[A-Za-z0-9/._-]{1,127}")
+# A home from the head (a directory's homeDirectory) is made by useradd and gets the user's authorized_keys:
+# it must end in the user's own name and lie outside the system's trees, or a head (or a directory entry)
+# could point it at /root or /etc and plant keys there.
+HOME_PATTERN = re.compile(r"/[A-Za-z0-9/._-]{1,255}")
+SYSTEM_TREES = frozenset(
+    {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "proc", "root", "run", "sbin", "sys", "usr", "var"}
+)
 COMMAND_TIMEOUT_S = 120.0
 # Where account tools live when the agent's PATH (a systemd unit's, say) lacks the sbin directories.
 _SBIN = "/usr/local/sbin:/usr/sbin:/sbin"
@@ -149,6 +156,7 @@ class _Wanted:
     shell: str
     keys: bytes  # the authorized_keys content
     enabled: bool
+    home: str  # where useradd makes it; an existing account's home is never moved
 
 
 def gecos(full_name: str) -> str:
@@ -166,8 +174,22 @@ def check_account(account: Account) -> tuple[_Wanted, list[str]]:
     shell = account.shell
     if not SHELL_PATTERN.fullmatch(shell) or ".." in PurePosixPath(shell).parts:
         raise _Skip(f"not a valid shell: {shell[:60]!r}")
+    home = account.home or f"/home/{account.username}"
+    parts = PurePosixPath(home).parts
+    if (
+        not HOME_PATTERN.fullmatch(home)
+        or ".." in parts
+        or len(parts) < 3
+        or parts[1] in SYSTEM_TREES
+        or parts[-1] != account.username
+    ):
+        raise _Skip(
+            f"not a home directory it may have: {home[:60]!r} (/SOMEWHERE/{account.username}, not in /etc, /root...)"
+        )
     keys, dropped = authorized_keys.render(account.ssh_keys if account.enabled else [])
-    wanted = _Wanted(account.username, account.uid, account.gid, gecos(account.full_name), shell, keys, account.enabled)
+    wanted = _Wanted(
+        account.username, account.uid, account.gid, gecos(account.full_name), shell, keys, account.enabled, home
+    )
     return wanted, [f"{account.username}: {note}" for note in dropped]
 
 
@@ -287,7 +309,7 @@ class _Pass:
         # Recorded before useradd: a crash after it must not leave an account gpufleet no longer knows.
         self.managed.users[want.name] = want.uid
         self.sync.state.save(self.managed)
-        home = f"/home/{want.name}"
+        home = want.home
         self._run(
             "useradd", "-u", str(want.uid), "-g", str(want.gid), "-s", want.shell, "-c", want.gecos,
             "-m", "-d", home, "-p", "*", want.name,

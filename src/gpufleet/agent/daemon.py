@@ -102,6 +102,10 @@ async def with_retry(call: Callable[[], Awaitable[T]], initial_s: float = 0.5, m
         backoff = min(backoff * 2, max_s)
 
 
+def _without_neighbors(inventory: NodeInventory) -> NodeInventory:
+    return inventory.model_copy(update={"neighbors": []}) if inventory.neighbors else inventory
+
+
 async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
     """Cancel `tasks` and wait until each has finished."""
     for task in tasks:
@@ -127,6 +131,9 @@ class Agent:
         self.ever_acked = False
         self.joined_unproven = False  # the credential was just issued and no heartbeat acknowledged yet
         self._inventory: NodeInventory | None = None
+        # False once the head refused the inventory's LLDP neighbours as an unknown field (a head older
+        # than them): inventories then go without them, and hello's fingerprint is of what was sent.
+        self.head_takes_neighbors = True
         self.software_digest: str | None = None  # of the software report the head last took
         self.accounts_version: str | None = None  # of the account list last applied without failures
         self._accounts: AccountList | None = None  # the last list fetched, applied again each interval
@@ -153,7 +160,9 @@ class Agent:
             raise Unauthorized(f"node {self.options.name} has no credential yet: pass --join-token")
         self.store.check_writable()  # before spending a join token on a credential we could not keep
         inventory = await self._current_inventory()
-        joined = await self.http.join(self.options.join_token, self.options.name, inventory)
+        # Joined without its neighbours, which a head older than them refuses (and would refuse the join
+        # with them): a head that takes them asks for the inventory at hello, its fingerprint differing.
+        joined = await self.http.join(self.options.join_token, self.options.name, _without_neighbors(inventory))
         credential = Credential(
             server=self.options.server,
             node=joined.name,
@@ -270,7 +279,9 @@ class Agent:
                 await self._crashed_session(ws)
                 return
             inventory = self._inventory or await self._current_inventory()
-            hello = Hello(heartbeat_interval_s=self.interval_s, inventory_fingerprint=inventory.fingerprint())
+            hello = Hello(
+                heartbeat_interval_s=self.interval_s, inventory_fingerprint=self._as_sent(inventory).fingerprint()
+            )
             await ws.send(hello.model_dump_json())
             # The head counts the node alive from its hello: beat from then on, not from the welcome or after
             # the inventory upload. In a join storm either can take seconds, and a node silent meanwhile was
@@ -278,7 +289,7 @@ class Agent:
             tasks = {asyncio.create_task(self._beat(ws))}
             try:
                 if (await self._welcome(ws)).inventory_wanted:
-                    await self.http.put_inventory(credential.token, inventory)
+                    await self._put_inventory(credential, inventory)
             except BaseException:
                 await _cancel(tasks)
                 raise
@@ -503,7 +514,30 @@ class Agent:
         current = await self._current_inventory()
         if current.fingerprint() != before:
             log.info("inventory changed; sending it")
-            await self.http.put_inventory(credential.token, current)
+            await self._put_inventory(credential, current)
+
+    def _as_sent(self, inventory: NodeInventory) -> NodeInventory:
+        return inventory if self.head_takes_neighbors else _without_neighbors(inventory)
+
+    async def _put_inventory(self, credential: Credential, inventory: NodeInventory) -> None:
+        """Send the inventory. A head older than the LLDP neighbours refuses them as an unknown field: it
+        is sent again without them, and so from then on (logged once). Raises what put_inventory raises."""
+        sent = self._as_sent(inventory)
+        try:
+            await self.http.put_inventory(credential.token, sent)
+        except InvalidInput as exc:
+            if not sent.neighbors or "neighbors" not in str(exc):
+                raise
+            if "Extra inputs" in str(exc):
+                self.head_takes_neighbors = False
+                log.warning(
+                    "the head at %s does not take LLDP neighbours (it is older than this agent): the inventory"
+                    " goes without them",
+                    self.options.server,
+                )
+            else:
+                log.warning("the head refused this node's LLDP neighbours (%s): the inventory goes without them", exc)
+            await self.http.put_inventory(credential.token, _without_neighbors(inventory))
 
     async def _watch_software(self, credential: Credential, read: SoftwareSource) -> None:
         """Its own task, at connect and every software_check_s: reading dpkg and pip takes seconds, and

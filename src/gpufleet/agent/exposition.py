@@ -88,7 +88,9 @@ class AgentMetrics:
             for mapped in reversed(sample.gpu_jobs):  # a GPU Slurm shares: the first job listed
                 gpus[mapped.gpu] = replace(gpus.get(mapped.gpu, GpuFacts()), job=mapped.job)
         families = Families()
-        families.add_node(NodeMetrics(self.node, hostname, {e.entity: e.values for e in sample.entities}, gpus))
+        entities = {e.entity: e.values for e in sample.entities}
+        mounts = {m.mountpoint: m for m in sample.mounts}
+        families.add_node(NodeMetrics(self.node, hostname, entities, gpus, mounts))
         return render(families.collect())
 
 

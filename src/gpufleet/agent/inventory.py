@@ -1,4 +1,4 @@
-"""Assemble the node inventory from host facts and whichever GPU backend answers."""
+"""Assemble the node inventory from host facts, whichever GPU backend answers, and the LLDP neighbours."""
 
 from __future__ import annotations
 
@@ -9,12 +9,20 @@ from gpufleet.agent.gpu.detect import detect_gpus
 from gpufleet.agent.gpu.ports import GpuReader
 from gpufleet.agent.host import HostFacts
 from gpufleet.protocol.inventory import NodeInventory
+from gpufleet.protocol.topology import LinkNeighbor
 
 InventorySource = Callable[[], NodeInventory]
+NeighborSource = Callable[[], list[LinkNeighbor]]
 
 
-def inventory_source(host: Callable[[], HostFacts], readers: Sequence[GpuReader]) -> InventorySource:
-    """A callable that reads the current inventory; GPU readers are tried in order (NVML, then nvidia-smi)."""
+def inventory_source(
+    host: Callable[[], HostFacts], readers: Sequence[GpuReader], neighbors: NeighborSource | None = None
+) -> InventorySource:
+    """A callable that reads the current inventory; GPU readers are tried in order (NVML, then nvidia-smi).
+
+    `neighbors` reads what the node's ports see over LLDP (agent.topology.lldp.LldpNeighbors, which never
+    raises); None, as in the simulator, reports none.
+    """
 
     def read() -> NodeInventory:
         facts = host()
@@ -30,6 +38,7 @@ def inventory_source(host: Callable[[], HostFacts], readers: Sequence[GpuReader]
             agent_version=__version__,
             gpu_source=source,
             gpus=gpus,
+            neighbors=neighbors() if neighbors is not None else [],
         )
 
     return read

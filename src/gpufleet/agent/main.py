@@ -29,6 +29,11 @@ from gpufleet.agent.metrics.sampler import Sampler
 from gpufleet.agent.metrics.xid import XidBook, XidWatcher
 from gpufleet.agent.slurm.mapping import SlurmJobMap
 from gpufleet.agent.software import collect_software
+from gpufleet.agent.storage.checks import StorageChecks
+from gpufleet.agent.storage.collector import StorageCollector
+from gpufleet.agent.storage.probe import MountProber
+from gpufleet.agent.storage.source import HostStorage
+from gpufleet.agent.topology.lldp import LldpNeighbors
 from gpufleet.agent.trust import head_context
 from gpufleet.client import AgentHttp
 from gpufleet.core.config import Settings
@@ -38,7 +43,8 @@ from gpufleet.core.tls import split_join_token
 def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_interval_s: float | None) -> None:
     """Run until interrupted. Raises Unauthorized/AgentStopped (clear messages) when the head refuses the node."""
     store = CredentialStore(settings.agent_state_dir / "credential.json")
-    read = inventory_source(read_host_facts, [NvmlReader(), NvidiaSmiReader()])
+    # The LLDP neighbours come from lldpd's default socket; a node without lldpd reports none.
+    read = inventory_source(read_host_facts, [NvmlReader(), NvidiaSmiReader()], LldpNeighbors())
     accounts = None
     if settings.accounts_sync:
         accounts = AccountSync(settings.accounts_root, settings.agent_state_dir / "accounts.json")
@@ -48,7 +54,20 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
     # emptied at boot) with the node's first job, usually after the agent started. Missing, it costs one
     # failed listing a round and the samples carry no GPU jobs, as on a node without Slurm.
     slurm_jobs = SlurmJobMap(settings.slurm_job_map_dir)
-    metrics: SampleSource = Sampler([GpuCollector(xids=xids), HostCollector(), IbCollector(), slurm_jobs])
+    # Shared file systems: one prober for the metrics round and the checks round, so a mount is never
+    # probed twice at once (agent.storage.probe).
+    prober = MountProber(settings.storage_probe_timeout_s)
+    storage = HostStorage(prober, command_timeout_s=settings.checks_timeout_s)
+    storage_metrics = StorageCollector(
+        storage,
+        shared_mounts=settings.shared_mounts,
+        shared_types=settings.shared_fs_types,
+        required=settings.required_mounts,
+        detail_interval_s=settings.storage_detail_interval_s,
+    )
+    metrics: SampleSource = Sampler(
+        [GpuCollector(xids=xids), HostCollector(), IbCollector(), slurm_jobs, storage_metrics]
+    )
     if settings.agent_metrics_listen:
         latest = KeepLatest(metrics)
         serve(AgentMetrics(name, latest, read), settings.agent_metrics_listen)
@@ -63,6 +82,12 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
         timeout_s=settings.checks_timeout_s,
         services=settings.required_services,
         mounts=settings.required_mounts,
+        storage=StorageChecks(
+            storage,
+            required=settings.required_mounts,
+            shared_mounts=settings.shared_mounts,
+            shared_types=settings.shared_fs_types,
+        ),
     )
     secret, pin = split_join_token(join_token) if join_token else (None, None)
 

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio.to_thread
@@ -39,6 +39,7 @@ from gpufleet.api.routers import (
     prometheus_metrics,
     services,
     slurm_accounts,
+    sso,
     templates,
     tokens,
     users,
@@ -48,10 +49,19 @@ from gpufleet.api.routers import (
     assets as assets_routes,
 )
 from gpufleet.api.routers import (
+    burnin as burnin_routes,
+)
+from gpufleet.api.routers import (
+    directory as directory_routes,
+)
+from gpufleet.api.routers import (
     images as image_routes,
 )
 from gpufleet.api.routers import (
     jobs as job_routes,
+)
+from gpufleet.api.routers import (
+    maintenance as maintenance_routes,
 )
 from gpufleet.api.routers import (
     monitoring as monitoring_routes,
@@ -66,6 +76,12 @@ from gpufleet.api.routers import (
     slurm as slurm_routes,
 )
 from gpufleet.api.routers import (
+    storage as storage_routes,
+)
+from gpufleet.api.routers import (
+    switches as switch_routes,
+)
+from gpufleet.api.routers import (
     tasks as task_routes,
 )
 from gpufleet.api.security_headers import SecurityHeaders
@@ -73,27 +89,35 @@ from gpufleet.api.service_proxy import ServiceProxy
 from gpufleet.api.templates import STATIC_DIR, StaticFiles
 from gpufleet.assets.evaluate import Evaluator
 from gpufleet.assets.links import package_links
-from gpufleet.auth import identity
+from gpufleet.auth.identity import IdentityProvider
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.throttle import LoginThrottle
 from gpufleet.core import tls
 from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.config import Settings
+from gpufleet.core.credentials import head_box
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import ConfigError
+from gpufleet.directory import settings as directory_settings
 from gpufleet.jobs.workload import build as build_workload
 from gpufleet.logs.forward import EventForwarder, parse_target
 from gpufleet.logs.mining import MiningSettings, TemplateMining
 from gpufleet.monitoring.dispatch import Notifications
 from gpufleet.monitoring.health import HealthJudge
+from gpufleet.monitoring.storage import StorageWatch
 from gpufleet.monitoring.store import Retention
 from gpufleet.monitoring.tracker import HealthTracker
+from gpufleet.network.service import Thresholds
 from gpufleet.protocol.software import MAX_SOFTWARE_BYTES
 from gpufleet.tasks.runner import TaskRunner
 from gpufleet.workers.asset_loops import AssetLoops
+from gpufleet.workers.burnin_loops import BurnInLoops
+from gpufleet.workers.campaign_loops import CampaignLoops
+from gpufleet.workers.directory_loops import DirectoryLoops
 from gpufleet.workers.head_loops import HeadLoops, Role
 from gpufleet.workers.job_loops import JobLoops
 from gpufleet.workers.monitoring_loops import MonitoringLoops
+from gpufleet.workers.network_loops import NetworkLoops
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
@@ -148,6 +172,12 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     templates.router,
     power_routes.router,
     image_routes.router,
+    burnin_routes.router,
+    maintenance_routes.router,
+    directory_routes.router,
+    sso.api,
+    switch_routes.router,
+    storage_routes.router,
 )
 # Routers served outside /api/v1 whose routes name a permission (GET /metrics, where Prometheus
 # looks); the route x role matrix test walks these too.
@@ -215,6 +245,40 @@ def _evaluator(settings: Settings) -> Evaluator:
         raise ConfigError(f"package_links: {exc}") from None
 
 
+def _identity(
+    settings: Settings, sessions: sessionmaker[Session], clock: Clock, is_leader: Callable[[], bool]
+) -> tuple[IdentityProvider, DirectoryLoops | None]:
+    """Who checks passwords, and where that is the LDAP directory, the leader's scheduled sync from it."""
+    identity, ldap = directory_settings.identity(settings, sessions, clock)
+    if ldap is None:
+        return identity, None
+    return identity, DirectoryLoops(
+        sessions, clock, ldap.directory, ldap.mapping, settings.ldap_sync_interval_s, is_leader
+    )
+
+
+def _switches(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    clock: Clock,
+    is_leader: Callable[[], bool],
+    notifications: Notifications,
+) -> NetworkLoops:
+    """The leader's SNMP polling of the registered switches."""
+    return NetworkLoops(
+        sessions=sessions,
+        clock=clock,
+        box=lambda: head_box(settings),
+        interval_s=settings.switch_poll_interval_s,
+        is_leader=is_leader,
+        timeout_s=settings.snmp_timeout_s,
+        retries=settings.snmp_retries,
+        concurrency=settings.switch_poll_concurrency,
+        thresholds=Thresholds(error_quiet_s=settings.switch_error_quiet_s),
+        on_alerts=notifications.submit,
+    )
+
+
 def create_app(
     settings: Settings,
     sessions: sessionmaker[Session],
@@ -228,18 +292,18 @@ def create_app(
     clock = clock or SystemClock()
     hub = ChannelHub()
     workload, slurm = build_workload(settings, sessions, clock)
-    judge = HealthJudge(
-        tracker=HealthTracker(),
-        workload=workload,
-        metrics_interval_s=settings.metrics_interval_s,
-        resume_after_rounds=settings.resume_after_healthy_samples,
-    )
     notifications = Notifications(sessions, settings.external_url)
     forwarder = _forwarder(settings)
     monitoring = MonitoringLoops(
         sessions=sessions,
         clock=clock,
-        judge=judge,
+        judge=HealthJudge(
+            tracker=HealthTracker(),
+            workload=workload,
+            metrics_interval_s=settings.metrics_interval_s,
+            resume_after_rounds=settings.resume_after_healthy_samples,
+            storage=StorageWatch(settings.storage_fill_alert_pct, settings.storage_latency_factor),
+        ),
         is_leader=lambda: loops.leads,
         on_alerts=notifications.submit,
         retention=Retention(
@@ -284,7 +348,16 @@ def create_app(
         interval_s=settings.cve_evaluate_interval_s,
         evaluator=_evaluator(settings),
     )
+    burnins = BurnInLoops(
+        sessions=sessions,
+        clock=clock,
+        workload=workload,
+        is_leader=lambda: loops.leads and clock.now() < loops.lease_valid_until,
+        user=settings.burnin_user,
+        on_alerts=notifications.submit,
+    )
     ca_pem = _served_ca(settings)
+    identity, directory = _identity(settings, sessions, clock, lambda: loops.leads)
     ctx = HeadContext(
         ca_pem=ca_pem,
         ca_fingerprint=tls.fingerprint(ca_pem) if ca_pem else None,
@@ -295,7 +368,9 @@ def create_app(
         loops=loops,
         monitoring=monitoring,
         jobs=jobs,
-        identity=identity.provider(settings.identity_provider),
+        identity=identity,
+        directory=directory,
+        oidc=directory_settings.oidc_client(settings),
         throttle=LoginThrottle(clock),
         tasks=TaskRunner(sessions, clock),
         assets=assets,
@@ -303,6 +378,15 @@ def create_app(
         services=ServiceProxy(
             lambda name, user, admin: services.lookup(ctx, name, user, admin), settings.service_proxy_timeout_s
         ),
+    )
+    # Maintenance campaigns' actions run as tasks on this head's runner, like the API's.
+    campaigns = CampaignLoops(
+        settings=settings,
+        sessions=sessions,
+        clock=clock,
+        workload=workload,
+        tasks=ctx.tasks,
+        is_leader=lambda: loops.leads and clock.now() < loops.lease_valid_until,
     )
 
     @contextlib.asynccontextmanager
@@ -312,7 +396,20 @@ def create_app(
         for sender in senders:
             sender.bind(asyncio.get_running_loop())
         stop = asyncio.Event()
-        runs = (loops.run(stop), monitoring.run(stop), jobs.run(stop), assets.run(stop)) if run_loops else ()
+        runs = (
+            (
+                loops.run(stop),
+                monitoring.run(stop),
+                jobs.run(stop),
+                assets.run(stop),
+                burnins.run(stop),
+                campaigns.run(stop),
+                _switches(settings, sessions, clock, campaigns.is_leader, notifications).run(stop),
+                *([directory.run(stop)] if directory is not None else []),
+            )
+            if run_loops
+            else ()
+        )
         tasks = [asyncio.create_task(run) for run in runs]
         try:
             async with _serving(ctx.tasks, settings.request_threads, ctx.services):
@@ -341,7 +438,7 @@ def create_app(
     app.include_router(api)
     app.include_router(dashboard.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    for router in (web_login.router, *ROOT_ROUTERS):
+    for router in (web_login.router, sso.router, *ROOT_ROUTERS):
         app.include_router(router)
 
     @app.get("/api/openapi.json", include_in_schema=False, dependencies=[allow(Permission.API_SCHEMA)])

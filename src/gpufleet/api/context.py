@@ -12,8 +12,10 @@ from gpufleet.auth.identity import IdentityProvider
 from gpufleet.auth.throttle import LoginThrottle
 from gpufleet.core.clock import Clock
 from gpufleet.core.config import Settings
+from gpufleet.directory.oidc import OidcClient
 from gpufleet.tasks.runner import TaskRunner
 from gpufleet.workers.asset_loops import AssetLoops
+from gpufleet.workers.directory_loops import DirectoryLoops
 from gpufleet.workers.head_loops import HeadLoops
 from gpufleet.workers.job_loops import JobLoops
 from gpufleet.workers.monitoring_loops import MonitoringLoops
@@ -35,3 +37,5 @@ class HeadContext:
     assets: AssetLoops | None = None  # the leader's asset pass (tests drive it by hand)
     ca_pem: str | None = None  # the CA agents pin when the head serves TLS (see core.tls)
     ca_fingerprint: str | None = None
+    directory: DirectoryLoops | None = None  # the directory's sync, where identity_provider is ldap
+    oidc: OidcClient | None = None  # single sign-on's provider, where oidc_issuer is set

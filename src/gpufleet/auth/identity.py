@@ -1,16 +1,14 @@
 """Who a user name and password belong to: the identity protocol, and the local implementation.
 
 Routes never check passwords themselves; they go through `password_login`, which asks the configured
-`IdentityProvider`. An LDAP or OIDC provider slots in by implementing the protocol and registering
-under a name in `PROVIDERS`: it proves the credentials against the directory and returns the
-matching gpufleet `User` row (creating or updating it from the directory's record), so roles,
-projects, tokens and node accounts keep working on the one users table.
+`IdentityProvider`. The directory's (`directory.identity`, `identity_provider = "ldap"`) proves the
+credentials against LDAP and returns the matching gpufleet `User` row (created or refreshed from the
+directory's record), so roles, projects, tokens and node accounts keep working on the one users table.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Protocol
 
 from sqlalchemy import select
@@ -19,7 +17,7 @@ from sqlalchemy.orm import Session
 from gpufleet.auth import passwords
 from gpufleet.auth.models import User
 from gpufleet.auth.throttle import LoginThrottle
-from gpufleet.core.errors import ConfigError, InvalidInput, TooManyRequests, Unauthorized
+from gpufleet.core.errors import InvalidInput, TooManyRequests, Unauthorized
 
 # The same answer whatever was wrong, so a login attempt never tells whether a user exists.
 BAD_CREDENTIALS = "unknown user name or wrong password"
@@ -32,6 +30,10 @@ class IdentityProvider(Protocol):
 
     def verify(self, session: Session, username: str, password: str) -> User:
         """The enabled user these credentials prove. Raises Unauthorized (BAD_CREDENTIALS) otherwise."""
+        ...
+
+    def note(self, user: User) -> str:
+        """What the login's audit record should say about how `user` was let in ("" for nothing)."""
         ...
 
 
@@ -49,16 +51,8 @@ class LocalPasswords:
             raise Unauthorized(BAD_CREDENTIALS)
         return user
 
-
-PROVIDERS: dict[str, Callable[[], IdentityProvider]] = {"local": LocalPasswords}
-
-
-def provider(name: str) -> IdentityProvider:
-    """The identity provider configured by name. Raises ConfigError for an unknown one."""
-    factory = PROVIDERS.get(name)
-    if factory is None:
-        raise ConfigError(f"unknown identity provider {name!r}; known: {', '.join(sorted(PROVIDERS))}")
-    return factory()
+    def note(self, user: User) -> str:
+        return ""
 
 
 def password_login(

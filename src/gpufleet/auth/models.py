@@ -20,7 +20,7 @@ class TokenKind(enum.StrEnum):
 
 
 class User(Base):
-    """A person: their role, their POSIX identity on the nodes, and their SSH keys."""
+    """A person: their role, their POSIX identity on the nodes, their SSH keys, and where they come from."""
 
     __tablename__ = "users"
 
@@ -34,8 +34,14 @@ class User(Base):
     gid: Mapped[int] = mapped_column(Integer)
     shell: Mapped[str] = mapped_column(String(128), default="/bin/bash")
     ssh_keys: Mapped[list[str]] = mapped_column(JSON, default=list)
+    home: Mapped[str | None] = mapped_column(String(256), default=None)  # None: /home/USERNAME on the nodes
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # Where the user comes from: "local" (made in gpufleet), "ldap" or "oidc". A directory's user is kept in
+    # step with the directory (gpufleet.directory) and changed there, not here.
+    source: Mapped[str] = mapped_column(String(16), default="local", server_default="local")
+    source_id: Mapped[str | None] = mapped_column(String(512), default=None)  # the entry's DN, or ISSUER#sub
+    synced_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)  # last read from its source
 
 
 class ApiToken(Base):

@@ -54,6 +54,12 @@ class Permission(enum.StrEnum):
     # POST /power/status) needs a token with scope write as every POST does (api.deps.PermissionCheck).
     POWER_READ = "power:read"
     POWER_WRITE = "power:write"  # set BMCs, power nodes on, off, cycle and reset
+    # Create, pause, resume and cancel maintenance campaigns (drains and resumes of their nodes); each action
+    # also needs its own permission (images:write, power:write, ansible:run, nodes:write). Reading: nodes:read.
+    MAINTENANCE_WRITE = "maintenance:write"
+    # Register and remove switches polled over SNMP (their communities and keys are write-only). Reading the
+    # switches, their ports and where each node is plugged: nodes:read.
+    NETWORK_WRITE = "network:write"
 
 
 _READ_CLUSTER = frozenset(
@@ -92,6 +98,8 @@ POLICY: dict[Role, frozenset[Permission]] = {
         Permission.IMAGES_WRITE,
         Permission.POWER_READ,
         Permission.POWER_WRITE,
+        Permission.MAINTENANCE_WRITE,
+        Permission.NETWORK_WRITE,
     },
     Role.MEMBER: _READ_CLUSTER | {Permission.JOBS_SUBMIT, Permission.SERVICES_WRITE, Permission.SERVICES_USE},
     Role.VIEWER: _READ_CLUSTER,

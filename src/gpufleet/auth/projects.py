@@ -6,7 +6,7 @@ import enum
 import re
 from datetime import datetime
 
-from sqlalchemy import Enum, Float, ForeignKey, Integer, String, select
+from sqlalchemy import Boolean, Enum, Float, ForeignKey, Integer, String, false, select
 from sqlalchemy.orm import Mapped, Session, lazyload, mapped_column, relationship
 
 from gpufleet.auth.models import User
@@ -47,6 +47,9 @@ class ProjectMember(Base):
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, index=True)
     added_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # Given by a directory group (`ldap_group_projects`, `oidc_group_projects`): the directory takes it back
+    # when the user leaves the group. A membership added by hand is never touched by a directory sync.
+    from_directory: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     user: Mapped[User] = relationship(lazy="joined")
 
@@ -77,6 +80,21 @@ def projects_of(session: Session, username: str) -> set[str]:
             .where(User.username == username)
         )
     )
+
+
+def user_and_projects(session: Session, username: str) -> tuple[User, dict[str, Project]]:
+    """The user `username` and the projects they are a member of (without their members), by name: one
+    query, for a submission's checks. Raises NotFound for an unknown user."""
+    rows = session.execute(
+        select(User, Project)
+        .outerjoin(ProjectMember, ProjectMember.user_id == User.id)
+        .outerjoin(Project, Project.id == ProjectMember.project_id)
+        .where(User.username == username)
+        .options(lazyload(Project.members))
+    ).all()
+    if not rows:
+        raise NotFound(f"no such user: {username}")
+    return rows[0][0], {project.name: project for _, project in rows if project is not None}
 
 
 def create_project(session: Session, clock: Clock, name: str, description: str = "") -> Project:

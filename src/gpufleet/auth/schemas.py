@@ -110,6 +110,9 @@ class UserOut(BaseModel):
     gid: int
     shell: str
     ssh_keys: list[str]
+    home: str | None
+    source: str  # local, ldap or oidc
+    synced_at: datetime | None  # when a directory's user was last read from it
     created_at: datetime
     updated_at: datetime
 

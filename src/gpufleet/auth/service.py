@@ -83,16 +83,23 @@ def list_tokens(session: Session) -> list[ApiToken]:
     return list(session.scalars(select(ApiToken).where(ApiToken.kind != TokenKind.NODE).order_by(ApiToken.id)))
 
 
-def _lookup(session: Session, clock: Clock, token: str) -> ApiToken:
-    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == secrets.hash_token(token)))
+def _lookup(session: Session, clock: Clock, token: str) -> tuple[ApiToken, User | None]:
+    """The token's row and the user it acts as (None for a token of no user, or one whose user is gone):
+    one query, as every API request makes it."""
+    found = session.execute(
+        select(ApiToken, User)
+        .outerjoin(User, User.id == ApiToken.user_id)
+        .where(ApiToken.token_hash == secrets.hash_token(token))
+    ).first()
     now = to_datetime(clock.now())
-    if row is None:
+    if found is None:
         raise Unauthorized("unknown token")
+    row, user = found  # a Row unpacks as a tuple
     if row.revoked_at is not None:
         raise Unauthorized("token has been revoked")
     if row.expires_at is not None and row.expires_at <= now:
         raise Unauthorized("token has expired")
-    return row
+    return row, user
 
 
 def authenticate(session: Session, clock: Clock, token: str, *, web_session: bool = False) -> Principal:
@@ -103,7 +110,7 @@ def authenticate(session: Session, clock: Clock, token: str, *, web_session: boo
     Raises Unauthorized for an unknown, revoked, expired or join token, and for a token presented
     the wrong way (a session as a bearer token or the other way round).
     """
-    row = _lookup(session, clock, token)
+    row, user = _lookup(session, clock, token)
     if row.kind is TokenKind.JOIN:
         raise Unauthorized("a join token can only be used to join a node")
     if web_session != (row.kind is TokenKind.SESSION):
@@ -120,7 +127,6 @@ def authenticate(session: Session, clock: Clock, token: str, *, web_session: boo
     role = Role.NODE if row.kind is TokenKind.NODE else row.role
     username = None
     if row.user_id is not None:
-        user = session.get(User, row.user_id)
         if user is None or not user.enabled:
             raise Unauthorized("the token's user is disabled")
         role, username = user.role, user.username
@@ -214,7 +220,7 @@ def consume_join_token(session: Session, clock: Clock, token: str) -> ApiToken:
 
     The use is counted with a conditional UPDATE, so concurrent joins cannot overspend it.
     """
-    row = _lookup(session, clock, token)
+    row, _ = _lookup(session, clock, token)
     if row.kind is not TokenKind.JOIN:
         raise Unauthorized("not a join token")
     spent = session.execute(

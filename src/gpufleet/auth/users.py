@@ -66,7 +66,13 @@ def create_user(session: Session, clock: Clock, spec: UserCreate) -> User:
 
 
 def update_user(session: Session, clock: Clock, username: str, change: UserUpdate) -> User:
+    """Raises InvalidInput for a directory's user: what the directory keeps is changed there."""
     user = get_user(session, username)
+    if user.source != "local" and change.model_fields_set:
+        raise InvalidInput(
+            f"user {username} comes from the directory ({user.source}): change them there; "
+            "their tokens can be revoked here"
+        )
     if change.role is not None:
         if change.role is Role.NODE:
             raise InvalidInput("a user cannot have the node role")
@@ -105,6 +111,7 @@ def accounts_for_nodes(session: Session) -> AccountList:
                 uid=user.uid,
                 gid=user.gid,
                 shell=user.shell,
+                home=user.home,
                 ssh_keys=list(user.ssh_keys),
                 enabled=user.enabled,
             )

@@ -13,14 +13,17 @@ from gpufleet.cli import (
     artifacts,
     assets,
     audit,
+    burnin,
     categories,
     config,
     cve,
+    directory,
     environments,
     export,
     images,
     jobs,
     logs,
+    maintenance,
     monitoring,
     nodes,
     power,
@@ -29,6 +32,8 @@ from gpufleet.cli import (
     services,
     slurm,
     slurm_accounts,
+    storage,
+    switches,
     tasks,
     templates,
     tokens,
@@ -86,6 +91,8 @@ app.add_typer(ansible.app, name="ansible")
 app.add_typer(images.app, name="image")
 app.add_typer(power.power_app, name="power")
 app.add_typer(power.bmc_app, name="bmc")
+app.add_typer(storage.app, name="storage")
+app.add_typer(switches.switch_app, name="switch")
 nodes.app.command("set-mac")(provision.set_mac)
 app.add_typer(categories.app, name="category")
 app.add_typer(environments.app, name="env")
@@ -93,6 +100,9 @@ app.add_typer(templates.app, name="template")
 app.add_typer(artifacts.models, name="model")
 app.add_typer(artifacts.datasets, name="dataset")
 app.add_typer(services.app, name="service")
+app.add_typer(burnin.app, name="burn-in")
+app.add_typer(maintenance.app, name="maintenance")
+app.add_typer(directory.app, name="directory")
 nodes.app.command("set")(categories.node_set)
 nodes.app.command("unset")(categories.node_unset)
 slurm.app.add_typer(slurm_accounts.app, name="accounts")

@@ -1,4 +1,4 @@
-"""gpufleet node add|list|show|remove|clone|drain|resume (node set|unset: cli.categories)"""
+"""gpufleet node add|list|show|remove|clone|drain|resume|burn-in (node set|unset: cli.categories)"""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gpufleet.cli import burnin
 from gpufleet.cli.categories import settings_table
 from gpufleet.cli.output import Format, OutputOpt, fields, print_json, table
 from gpufleet.cli.state import state
@@ -136,6 +137,16 @@ def show(ctx: typer.Context, name: str, output: Format = OutputOpt) -> None:
     )
     if node.get("settings"):  # heads before categories have none
         settings_table(node["settings"], "Settings (defaults < category < node)")
+    if node.get("hold"):
+        typer.echo(f"Held out of service: {node['hold']}")
+    if node.get("burn_in"):
+        run = node["burn_in"]
+        title = f"Burn-in {run['id']} ({run['profile']}): {run['state']}"
+        table(
+            burnin.step_rows(run["steps"]),
+            burnin.STEP_COLUMNS,
+            title=title + (f": {run['reason']}" if run["reason"] else ""),
+        )
     table(
         node["transitions"],
         [("at", "At"), ("from_state", "From"), ("to_state", "To"), ("reason", "Reason")],
@@ -197,6 +208,22 @@ def drain(
         print_json(result)
     else:
         typer.echo(f"node {name} drained: {result['drain_reason']}")
+
+
+@app.command("burn-in")
+def burn_in(
+    ctx: typer.Context,
+    names: Names,
+    profile: Annotated[str, typer.Option(help="the burn-in profile (gpufleet burn-in profiles)")] = "quick",
+    resume: Annotated[
+        bool, typer.Option("--resume/--no-resume", help="put each node back in service when it passes")
+    ] = True,
+    wait: Annotated[bool, typer.Option("--wait", help="wait for the runs to end; exit 1 unless all passed")] = False,
+    output: Format = OutputOpt,
+) -> None:
+    """Hold nodes out of service and run a burn-in profile on them, together (pair steps pair within
+    them). A node that passes is resumed; one that fails stays out with the failing step as its reason."""
+    burnin.start(ctx, names, profile, resume, wait, output)
 
 
 @app.command("resume")

@@ -23,6 +23,9 @@ USER_FIELDS = [
     ("gid", "GID"),
     ("shell", "Shell"),
     ("ssh_keys", "SSH keys"),
+    ("home", "Home"),
+    ("source", "Source"),
+    ("synced_at", "Synced from source"),
     ("created_at", "Created"),
     ("updated_at", "Updated"),
 ]
@@ -79,7 +82,8 @@ def list_(ctx: typer.Context, output: Format = OutputOpt) -> None:
     if output is Format.json:
         print_json(users)
         return
-    table(users, [c for c in USER_FIELDS if c[0] not in {"ssh_keys", "updated_at"}], title=f"{len(users)} users")
+    columns = [c for c in USER_FIELDS if c[0] not in {"ssh_keys", "updated_at", "home", "synced_at"}]
+    table(users, columns, title=f"{len(users)} users")
 
 
 @app.command("show")

@@ -16,6 +16,9 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gpufleet.core.config_directory import DirectorySettings
+from gpufleet.core.config_network import NetworkSettings
+from gpufleet.core.config_storage import StorageSettings
 from gpufleet.core.errors import ConfigError, describe
 
 DEFAULT_CONFIG_FILE = Path("/etc/gpufleet/gpufleet.toml")
@@ -32,7 +35,7 @@ def default_client_file() -> Path:
     return Path(base) / "gpufleet" / "client.toml"
 
 
-class Settings(BaseSettings):
+class Settings(DirectorySettings, NetworkSettings, StorageSettings):
     """Every knob of gpufleet, for the head node, the agent and the CLI alike."""
 
     model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="forbid", frozen=True)
@@ -116,6 +119,18 @@ class Settings(BaseSettings):
     job_default_time_limit_s: float = Field(3600.0, gt=0, description="time limit of a job that names none")
     job_templates_dir: Path | None = Field(
         None, description="admin job templates (*.toml), beside the built-in ones; default data_dir/job-templates"
+    )
+    burnin_profiles_dir: Path | None = Field(
+        None, description="admin burn-in profiles (*.toml), beside the built-in ones; default data_dir/burnin-profiles"
+    )
+    burnin_admission: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9][a-z0-9-]{0,62}$",
+        description="a burn-in profile every new node must pass before it takes work (None: nodes join in service)",
+    )
+    burnin_user: str = Field("root", min_length=1, max_length=32, description="the node user burn-in step jobs run as")
+    maintenance_interval_s: float = Field(
+        1.0, gt=0, le=600, description="how often the leader moves maintenance campaigns on"
     )
     job_max_time_limit_s: float = Field(14 * 86_400.0, gt=0, description="the longest time limit a job may ask for")
     job_max_requeues: int = Field(3, ge=0, le=100, description="how often a requeue-on-node-failure job is run again")
@@ -231,7 +246,6 @@ class Settings(BaseSettings):
         None, description="key that encrypts BMC passwords (made 0600 on first use); None: data_dir/bmc.key"
     )
     ipmi_cipher_suite: int = Field(3, ge=0, le=17, description="ipmitool -C: the RMCP+ cipher suite of IPMI BMCs")
-    identity_provider: str = Field("local", description="who checks user names and passwords (local)")
     web_session_ttl_s: int = Field(12 * 3600, ge=60, le=30 * 24 * 3600, description="how long a web login lasts")
     tls_cert: Path | None = Field(
         None, description="server certificate (PEM); default: data_dir/tls/server.pem once `server init` made it"

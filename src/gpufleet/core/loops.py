@@ -8,6 +8,9 @@ import logging
 from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
+# A pass run because it was woken, not because its period came, may use at most this share of a core
+# (`run_periodic`): under a burst of wakes a slow pass waits longer before the next.
+WAKE_SHARE = 0.05
 
 
 async def run_periodic(
@@ -21,11 +24,14 @@ async def run_periodic(
     wake_gap_s: float = 0.0,
 ) -> None:
     """Call `step` every `interval_s` until `stop` is set (or once), and at once whenever `wake` is set,
-    but no sooner than `wake_gap_s` after the last pass ended: a burst of wakes (a thousand submissions
-    in a second) then costs a pass per gap, not a pass per wake. Exceptions are logged, never propagated."""
+    but no sooner than `wake_gap_s` after the last pass ended, nor sooner than the pass took times
+    (1 / WAKE_SHARE - 1): a burst of wakes (a thousand submissions in a second) then costs a pass per gap,
+    not a pass per wake, and passes that grow with the work (a scheduler over ten thousand queued jobs) take
+    at most WAKE_SHARE of a core between the periodic ones. Exceptions are logged, never propagated."""
     loop = asyncio.get_running_loop()
     next_at = loop.time()
     while not stop.is_set():
+        started = loop.time()
         try:
             await step()
         except asyncio.CancelledError:
@@ -44,7 +50,8 @@ async def run_periodic(
                 # Woken: this pass is an extra one, so the next periodic pass is a whole period after it.
                 # (Counting it as the scheduled one would push every later pass a period further out.)
                 if wake_gap_s > 0:
-                    await _stopped_within(stop, ended + wake_gap_s - loop.time())
+                    gap = max(wake_gap_s, (ended - started) * (1 / WAKE_SHARE - 1))
+                    await _stopped_within(stop, ended + gap - loop.time())
                 wake.clear()
                 next_at = loop.time()
 

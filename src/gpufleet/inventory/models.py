@@ -54,6 +54,10 @@ class Node(Base):
     drained_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     drain_reason: Mapped[str | None] = mapped_column(String(512), default=None)
     drained_by: Mapped[str | None] = mapped_column(String(128), default=None)
+    # Held out of service by a workflow (lifecycle): "burn-in" (awaiting or running acceptance),
+    # "burn-in-failed", "maintenance". A held node is drained too, and the health loop never resumes it:
+    # only the workflow that holds it (or a person's resume) does.
+    hold: Mapped[str | None] = mapped_column(String(32), default=None, index=True)
     # The workload manager's own word for the node when it is not gpufleet (Slurm: "idle", "mixed",
     # "drained", "down*"...), read every slurm_poll_interval_s; None under the built-in one.
     wlm_state: Mapped[str | None] = mapped_column(String(32), default=None)

@@ -97,3 +97,7 @@ class NodeDetail(NodeOut):
     # Every setting (inventory.categories) with its origin; the health policy in force is added by
     # the API as "health_policy" (its origin "category" or "default").
     settings: dict[str, SettingOut] = Field(default_factory=dict)
+    # Held out of service by a workflow: "burn-in", "burn-in-failed", "maintenance" (lifecycle); and the
+    # node's newest burn-in run with its steps, as GET /burn-ins/{id} gives it (the API adds it).
+    hold: str | None = None
+    burn_in: dict[str, Any] | None = None

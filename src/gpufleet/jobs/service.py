@@ -9,6 +9,10 @@ from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
 from gpufleet.jobs.ports import OWN_DRAIN_PREFIX, WorkloadManager
 
+# Holds of a workflow still in progress (lifecycle: a burn-in running, a maintenance campaign): resuming
+# the node by hand would put it in service under the workflow's feet.
+WORKFLOW_HOLDS = ("burn-in", "maintenance")
+
 
 def drain(session: Session, workload: WorkloadManager, name: str, reason: str, actor: str) -> Node:
     """A person's drain: never undone by gpufleet, even over one gpufleet made (it becomes theirs).
@@ -28,7 +32,10 @@ def drain(session: Session, workload: WorkloadManager, name: str, reason: str, a
 def resume(session: Session, workload: WorkloadManager, name: str, actor: str) -> Node:
     """Raises NotFound for an unknown node and Conflict for one that is not drained."""
     node = inventory.get_node(session, name)
+    if node.hold in WORKFLOW_HOLDS:
+        raise Conflict(f"node {name} is held by {node.hold}: cancel that first, or let it finish")
     if node.drained_at is None:
         raise Conflict(f"node {name} is not drained")
     workload.resume(session, node, actor)
+    node.hold = None  # a person's resume overrides a failed burn-in's hold: they answer for the node now
     return node

@@ -21,8 +21,7 @@ from typing import Any, cast
 from sqlalchemy import Table, and_, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from gpufleet.auth.projects import Project, get_project, projects_of
-from gpufleet.auth.users import get_user
+from gpufleet.auth.projects import Project, get_project, user_and_projects
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Forbidden, InvalidInput
 from gpufleet.inventory.models import Node
@@ -90,8 +89,8 @@ def _checked(
             "containers are not run through Slurm by gpufleet (Slurm needs pyxis/enroot for images); "
             "start the container from the job's script"
         )
-    run_as = _run_as(session, who, spec)
-    project = _project(session, who, run_as, spec)
+    run_as, mine = _run_as(session, who, spec)
+    project = _project(session, who, run_as, mine, spec)
     time_limit = spec.time_limit_s if spec.time_limit_s is not None else limits.default_time_limit_s
     if time_limit > limits.max_time_limit_s:
         raise InvalidInput(f"time limit {time_limit:.0f}s is over the cluster's maximum {limits.max_time_limit_s:.0f}s")
@@ -170,27 +169,29 @@ def _submit_array(session: Session, values: dict[str, Any], array: arrays.ArrayS
     return session.get_one(Job, first)
 
 
-def _run_as(session: Session, who: Submitter, spec: JobSubmit) -> str:
+def _run_as(session: Session, who: Submitter, spec: JobSubmit) -> tuple[str, dict[str, Project]]:
+    """The user the job runs as, and their projects by name."""
     name = spec.user or who.user
     if name is None:
         raise InvalidInput("this token belongs to no user, so a job needs --user (the account it runs as)")
     if name != who.user and not who.admin:
         raise Forbidden("only job admins may submit jobs as another user")
-    user = get_user(session, name)  # NotFound for an unknown user
+    user, mine = user_and_projects(session, name)  # NotFound for an unknown user
     if not user.enabled:
         raise InvalidInput(f"user {name} is disabled")
-    return name
+    return name, mine
 
 
-def _project(session: Session, who: Submitter, user: str, spec: JobSubmit) -> Project | None:
+def _project(session: Session, who: Submitter, user: str, mine: dict[str, Project], spec: JobSubmit) -> Project | None:
     """The project to charge: the one named, else the user's only project, else none (a user in no project)."""
-    mine = projects_of(session, user)
     if spec.project is None:
         if len(mine) > 1:
             raise InvalidInput(f"user {user} is in several projects ({', '.join(sorted(mine))}): pass --project")
-        return get_project(session, next(iter(mine)), members=False) if mine else None
+        return next(iter(mine.values()), None)
+    if spec.project in mine:
+        return mine[spec.project]
     project = get_project(session, spec.project, members=False)  # NotFound for an unknown project
-    if not who.admin and project.name not in mine:
+    if not who.admin:
         raise Forbidden(f"user {user} is not a member of project {project.name}")
     return project
 

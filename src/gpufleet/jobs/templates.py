@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +53,7 @@ from pydantic import ValidationError
 
 from gpufleet.core.durations import parse_duration
 from gpufleet.core.errors import InvalidInput, describe
+from gpufleet.core.toml_files import Refused, load_dirs, load_file
 from gpufleet.jobs.schemas import JobSubmit
 
 ParamType = Literal["int", "str", "path", "bool", "duration", "args"]
@@ -72,10 +72,6 @@ _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
 # `{{`, `}}`, a `{...}` group (checked to be a parameter's name), or a lone brace (refused).
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
-
-
-class _Refused(Exception):
-    """A template file's problem, without the file's name (load_template adds it)."""
 
 
 class Ref(NamedTuple):
@@ -204,66 +200,35 @@ class Template:
 
 def load_template(path: Path) -> Template:
     """The template in `path`. Raises InvalidInput, naming the file, when it is not a valid one."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InvalidInput(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise InvalidInput(f"{path}: not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidInput(f"{path}: not valid TOML: {exc}") from None
-    try:
-        return _template(path, data)
-    except _Refused as exc:
-        raise InvalidInput(f"{path}: {exc}") from None
+    return load_file(path, _template)
 
 
 def load_templates(admin_dirs: Sequence[Path] = ()) -> tuple[dict[str, Template], list[str]]:
     """The built-in templates, then those in each of `admin_dirs` in turn, a later file replacing an
     earlier one of the same name. A file that fails to load is left out (a built-in it meant to replace
     stays) and its problem listed. A directory that does not exist is skipped: admin dirs are optional."""
-    templates: dict[str, Template] = {}
-    problems: list[str] = []
-    for directory in (BUILTIN_DIR, *admin_dirs):
-        try:
-            if not directory.exists():
-                continue
-            paths = sorted(p for p in directory.iterdir() if p.suffix == ".toml")
-        except OSError as exc:
-            problems.append(f"{directory}: cannot list it: {exc.strerror or exc}")
-            continue
-        for path in paths:
-            if not path.is_file():  # a FIFO would block the reading thread; a directory is no template
-                problems.append(f"{path}: not a regular file")
-                continue
-            try:
-                template = load_template(path)
-            except InvalidInput as exc:
-                problems.append(str(exc))
-            else:
-                templates[template.name] = template
-    return templates, problems
+    return load_dirs((BUILTIN_DIR, *admin_dirs), _template, lambda template: template.name)
 
 
 def _template(path: Path, data: dict[str, object]) -> Template:
     unknown = sorted(set(data) - set(_FILE_KEYS))
     if unknown:
-        raise _Refused(f"unknown key(s) {', '.join(unknown)}; a template has {', '.join(_FILE_KEYS)}")
+        raise Refused(f"unknown key(s) {', '.join(unknown)}; a template has {', '.join(_FILE_KEYS)}")
     name = data.get("name")
     if not isinstance(name, str) or not TEMPLATE_NAME.match(name):
-        raise _Refused(f"name {name!r} must be lowercase letters, digits and dashes")
+        raise Refused(f"name {name!r} must be lowercase letters, digits and dashes")
     if name != path.stem:
-        raise _Refused(f"name {name!r} differs from the file's name: call the file {name}.toml")
+        raise Refused(f"name {name!r} differs from the file's name: call the file {name}.toml")
     description = data.get("description")
     if not isinstance(description, str) or not description.strip():
-        raise _Refused("description must be a non-empty string")
+        raise Refused("description must be a non-empty string")
     table = data.get("params", {})
     if not isinstance(table, dict):
-        raise _Refused("params must hold [params.NAME] tables")
+        raise Refused("params must hold [params.NAME] tables")
     params = {pname: _param(pname, spec) for pname, spec in table.items()}
     job = data.get("job")
     if not isinstance(job, dict):
-        raise _Refused("a [job] table is required")
+        raise Refused("a [job] table is required")
     _check_job(job, params)
     return Template(name, description.strip(), params, job, path)
 
@@ -271,37 +236,37 @@ def _template(path: Path, data: dict[str, object]) -> Template:
 def _param(name: str, spec: object) -> Param:
     where = f"param {name!r}"
     if not PARAM_NAME.match(name):
-        raise _Refused(f"{where}: a name is lowercase letters, digits and underscores, not starting with a digit")
+        raise Refused(f"{where}: a name is lowercase letters, digits and underscores, not starting with a digit")
     if not isinstance(spec, dict):
-        raise _Refused(f"{where}: must be a table, [params.{name}]")
+        raise Refused(f"{where}: must be a table, [params.{name}]")
     unknown = sorted(set(spec) - set(_PARAM_KEYS))
     if unknown:
-        raise _Refused(f"{where}: unknown key(s) {', '.join(unknown)}; a param has {', '.join(_PARAM_KEYS)}")
+        raise Refused(f"{where}: unknown key(s) {', '.join(unknown)}; a param has {', '.join(_PARAM_KEYS)}")
     kind = spec.get("type")
     if kind not in PARAM_TYPES:
-        raise _Refused(f"{where}: type {kind!r} is not one of {', '.join(PARAM_TYPES)}")
+        raise Refused(f"{where}: type {kind!r} is not one of {', '.join(PARAM_TYPES)}")
     help_text = spec.get("help", "")
     if not isinstance(help_text, str):
-        raise _Refused(f"{where}: help must be a string")
+        raise Refused(f"{where}: help must be a string")
     low, high = spec.get("min"), spec.get("max")
     if (low is not None or high is not None) and kind != "int":
-        raise _Refused(f"{where}: min and max apply to int params only")
+        raise Refused(f"{where}: min and max apply to int params only")
     if any(b is not None and (not isinstance(b, int) or isinstance(b, bool)) for b in (low, high)):
-        raise _Refused(f"{where}: min and max must be integers")
+        raise Refused(f"{where}: min and max must be integers")
     if low is not None and high is not None and low > high:
-        raise _Refused(f"{where}: min {low} is above max {high}")
+        raise Refused(f"{where}: min {low} is above max {high}")
     choices = spec.get("choices")
     if choices is not None and kind != "str":
-        raise _Refused(f"{where}: choices apply to str params only")
+        raise Refused(f"{where}: choices apply to str params only")
     if choices is not None and (not isinstance(choices, list) or not all(isinstance(c, str) for c in choices)):
-        raise _Refused(f"{where}: choices must be a list of strings")
+        raise Refused(f"{where}: choices must be a list of strings")
     param = Param(name, kind, None, help_text, low, high, tuple(choices) if choices else None)
     if "default" not in spec:
         return param
     try:
         default = param.convert(spec["default"])
     except ValueError as exc:
-        raise _Refused(f"{where}: default {exc}") from None
+        raise Refused(f"{where}: default {exc}") from None
     return Param(name, kind, default, help_text, low, high, param.choices)
 
 
@@ -310,9 +275,9 @@ def _check_job(job: dict[str, object], params: Mapping[str, Param]) -> None:
     values of the wrong shape, bad placeholders, and fields without placeholders that JobSubmit refuses."""
     unknown = sorted(set(job) - JOB_FIELDS)
     if unknown:
-        raise _Refused(f"job: unknown field(s) {', '.join(unknown)}; the fields are {', '.join(sorted(JOB_FIELDS))}")
+        raise Refused(f"job: unknown field(s) {', '.join(unknown)}; the fields are {', '.join(sorted(JOB_FIELDS))}")
     if ("argv" in job) == ("script" in job):
-        raise _Refused("job: give exactly one of argv (a list of strings) and script (a string)")
+        raise Refused("job: give exactly one of argv (a list of strings) and script (a string)")
     fixed: dict[str, object] = {}
     for field, value in job.items():
         texts = _texts(field, value)
@@ -321,7 +286,7 @@ def _check_job(job: dict[str, object], params: Mapping[str, Param]) -> None:
             whole_element = field == "argv" and parse_placeholders(text) == found
             for ref in found:
                 if params[ref.name].type == "args" and field != "script" and not whole_element:
-                    raise _Refused(
+                    raise Refused(
                         f"{where}: args param {ref.name!r} may stand only in the script or as a whole argv element"
                     )
         if not any(refs):
@@ -333,7 +298,7 @@ def _check_job(job: dict[str, object], params: Mapping[str, Param]) -> None:
     try:
         JobSubmit.model_validate(fixed)
     except ValidationError as exc:
-        raise _Refused(f"job: {describe(exc)}") from None
+        raise Refused(f"job: {describe(exc)}") from None
 
 
 def _texts(field: str, value: object) -> list[tuple[str, str]]:
@@ -341,30 +306,30 @@ def _texts(field: str, value: object) -> list[tuple[str, str]]:
     where = f"job.{field}"
     if field == "argv":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise _Refused(f"{where} must be a list of strings")
+            raise Refused(f"{where} must be a list of strings")
         return [(f"{where}[{i}]", v) for i, v in enumerate(value)]
     if field == "env":
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            raise _Refused(f"{where} must be a table of strings")
+            raise Refused(f"{where} must be a table of strings")
         return [(f"{where}.{k}", v) for k, v in value.items()]
     if field == "script" and not isinstance(value, str):
-        raise _Refused(f"{where} must be a string")
+        raise Refused(f"{where} must be a string")
     if isinstance(value, str):
         return [(where, value)]
     if isinstance(value, bool | int | float):
         return []
-    raise _Refused(f"{where} must be a string, a number or a boolean")
+    raise Refused(f"{where} must be a string, a number or a boolean")
 
 
 def _refs(where: str, text: str, params: Mapping[str, Param]) -> list[Ref]:
     try:
         refs = [p for p in parse_placeholders(text) if isinstance(p, Ref)]
     except ValueError as exc:
-        raise _Refused(f"{where}: {exc}") from None
+        raise Refused(f"{where}: {exc}") from None
     for ref in refs:
         if ref.name not in params:
             declared = ", ".join(params) or "none"
-            raise _Refused(f"{where}: {{{ref.name}}} names no declared param (declared: {declared})")
+            raise Refused(f"{where}: {{{ref.name}}} names no declared param (declared: {declared})")
     return refs
 
 

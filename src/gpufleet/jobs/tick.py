@@ -17,9 +17,10 @@ transactions:
    pending reasons that changed.
 
 Why placing from a snapshot is safe: between the two transactions GPUs can only be freed (agents report
-ranks gone), never taken, since only this pass creates ranks and only the leader runs it; a job
-cancelled, a node drained or lost, or (should two leaders ever overlap) a GPU taken in between is
-caught by the re-check, made with the jobs' rows locked.
+ranks gone), never taken, since only this pass creates ranks on schedulable nodes and only the leader
+runs it (burn-in places its step jobs too, but only on nodes it drained at least a pass before: the
+re-check sees them unschedulable); a job cancelled, a node drained or lost, or (should two leaders ever
+overlap) a GPU taken in between is caught by the re-check, made with the jobs' rows locked.
 """
 
 from __future__ import annotations

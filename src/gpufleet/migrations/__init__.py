@@ -21,10 +21,13 @@ def metadata() -> MetaData:
     from gpufleet.auth import projects as _projects  # noqa: F401
     from gpufleet.core import leases as _leases  # noqa: F401
     from gpufleet.core.db import Base
+    from gpufleet.directory import models as _directory  # noqa: F401
     from gpufleet.inventory import models as _inventory  # noqa: F401
     from gpufleet.jobs import models as _jobs  # noqa: F401
+    from gpufleet.lifecycle import models as _lifecycle  # noqa: F401
     from gpufleet.logs import models as _logs  # noqa: F401
     from gpufleet.monitoring import models as _monitoring  # noqa: F401
+    from gpufleet.network import models as _network  # noqa: F401
     from gpufleet.power import models as _power  # noqa: F401
     from gpufleet.provisioning import image_models as _images  # noqa: F401
     from gpufleet.provisioning import models as _provisioning  # noqa: F401

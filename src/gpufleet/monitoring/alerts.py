@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -40,6 +41,14 @@ RULES: dict[str, Rule] = {
         Rule("GpuStraggler", "warning", "a GPU of a running multi-GPU job works well below its peers in the job"),
         Rule("LogTemplateBurst", "warning", "a log template is written far more often than it usually is"),
         Rule("CriticalVulnerability", "critical", "a critical advisory newly affects installed software"),
+        Rule("StorageMountHung", "critical", "a shared file system is hung, stale or gone on a node"),
+        Rule("StorageAlmostFull", "warning", "a shared file system's space or inodes are nearly used up"),
+        Rule("StorageSlow", "warning", "a shared mount's time per operation is well above its own baseline"),
+        Rule("SwitchUnreachable", "warning", "a switch does not answer SNMP"),
+        Rule("SwitchPortDown", "critical", "a switch port that was up went down (not shut by an admin)"),
+        Rule("SwitchPortErrors", "warning", "a switch port's error counters are rising"),
+        Rule("SwitchPortSlow", "warning", "a switch port with a node behind it runs below its expected speed"),
+        Rule("SwitchSensor", "warning", "a switch's temperature, fan or power supply sensor is not ok"),
     )
 }
 
@@ -78,9 +87,11 @@ def fire(
     *,
     severity: str | None = None,
     entity: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Alert | None:
     """Fire `rule` for a node (and a GPU or other entity). Returns the new alert, or None when it was
-    already firing (its summary is brought up to date). Built-in rules know their severity."""
+    already firing (its summary is brought up to date). Built-in rules know their severity. `labels` are
+    added to the alert's own (a switch's alert names the switch, the port and the node behind it)."""
     severity = severity or RULES[rule].severity
     fp = fingerprint(rule, node, gpu, entity)
     current = _firing(session, fp)
@@ -88,11 +99,11 @@ def fire(
         current.summary = summary[:512]
         return None
     now = to_datetime(clock.now())
-    labels = {"alertname": rule, "severity": severity, "node": node}
+    own = {**(labels or {}), "alertname": rule, "severity": severity, "node": node}
     if gpu is not None:
-        labels["gpu"] = str(gpu)
+        own["gpu"] = str(gpu)
     if entity is not None:
-        labels["entity"] = entity
+        own["entity"] = entity
     alert = Alert(
         fingerprint=fp,
         rule=rule,
@@ -102,7 +113,7 @@ def fire(
         node_name=node,
         gpu=gpu,
         summary=summary[:512],
-        labels=labels,
+        labels=own,
         starts_at=now,
         silenced=silenced(session, now, rule, node),
     )

@@ -32,6 +32,7 @@ from gpufleet.jobs.ports import OWN_DRAIN_PREFIX, WorkloadManager
 from gpufleet.monitoring.anomalies import AnomalyWatch
 from gpufleet.monitoring.checks import HealthPolicy, NodeSnapshot, Verdict, evaluate
 from gpufleet.monitoring.models import AlertRule, HealthPolicyRow
+from gpufleet.monitoring.storage import StorageWatch
 from gpufleet.monitoring.thresholds import BUILTIN_RULES, ThresholdRule, ThresholdState, Transition
 from gpufleet.monitoring.tracker import HealthTracker
 
@@ -107,6 +108,7 @@ class HealthJudge:
     rules: list[ThresholdRule] = field(default_factory=lambda: list(BUILTIN_RULES))
     thresholds: ThresholdState = field(default_factory=ThresholdState)
     anomalies: AnomalyWatch = field(default_factory=AnomalyWatch)  # each GPU series against its own baseline
+    storage: StorageWatch = field(default_factory=StorageWatch)  # shared mounts: hung, full, slow (per node)
     config_read_at: float | None = None
     category_settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # by category, as stored
 
@@ -173,6 +175,7 @@ class HealthJudge:
             self.facts.pop(gone, None)
             self.tracker.forget(gone)
             self.anomalies.forget(gone)
+            self.storage.forget(gone)
 
     def decide(self, node_ids: set[int], now: float) -> tuple[list[_Decision], list[Transition]]:
         """In memory: the nodes whose stored verdict or drain must change, and the threshold alerts
@@ -188,6 +191,7 @@ class HealthJudge:
                 fresh = list(zip(view.times[: view.new_samples], view.samples[: view.new_samples], strict=True))
                 transitions += self.thresholds.observe(node_id, fresh[::-1], self.rules)
                 transitions += self.anomalies.observe(node_id, fresh[::-1])
+                transitions += self.storage.observe(node_id, fresh[::-1], self.tracker.mounts(node_id))
             expected = self.expected(facts)
             snapshot = NodeSnapshot(
                 expected_gpus=expected["expected_gpus"].value,
@@ -238,7 +242,8 @@ class HealthJudge:
                 if decision.drain and node.drained_at is None:
                     self.workload.drain(session, node, decision.drain, GPUFLEET_ACTOR)
                     drained = decision.drain if node.drain_reason == decision.drain else None
-                if decision.resume and (node.drain_reason or "").startswith(OWN_DRAIN_PREFIX):
+                # A node held by a workflow (burn-in, maintenance) is resumed only by that workflow.
+                if decision.resume and node.hold is None and (node.drain_reason or "").startswith(OWN_DRAIN_PREFIX):
                     self.workload.resume(session, node, GPUFLEET_ACTOR)
                     resumed = True
             except GpufleetError as exc:

@@ -121,7 +121,10 @@ class FleetCollector:
                 continue
             entities = self.tracker.latest(node.id)
             if entities:
-                families.add_node(NodeMetrics(node.name, node.hostname or node.name, entities, gpus.get(node.id, {})))
+                mounts = {m.mountpoint: m for m in self.tracker.mounts(node.id)}
+                families.add_node(
+                    NodeMetrics(node.name, node.hostname or node.name, entities, gpus.get(node.id, {}), mounts)
+                )
         return families.collect()
 
 

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gpufleet.monitoring.checks import Entities
-from gpufleet.protocol.metrics import CheckResult, GpuJob, NodeEvent, Sample
+from gpufleet.protocol.metrics import CheckResult, GpuJob, MountInfo, NodeEvent, Sample
 
 KEPT_SAMPLES = 8
 MAX_OPEN_EVENTS = 64
@@ -29,6 +29,7 @@ class NodeTrack:
     new_samples: int = 0  # since the last evaluation: each is one round of the resume count
     checks: list[CheckResult] = field(default_factory=list)  # node-side checks, as of the latest sample
     gpu_jobs: list[GpuJob] = field(default_factory=list)  # Slurm's jobs on the GPUs, as of the latest sample
+    mounts: list[MountInfo] = field(default_factory=list)  # its shared file systems, as of the latest sample
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,14 @@ class HealthTracker:
                     track.samples[0][1].update(entities)
                     track.checks += sample.checks
                     track.gpu_jobs += sample.gpu_jobs
+                    track.mounts += sample.mounts
                     continue
                 if track.samples and sample.ts < track.samples[0][0]:
                     continue  # a late duplicate after a reconnect
                 track.samples.appendleft((sample.ts, entities))
                 track.checks = list(sample.checks)
                 track.gpu_jobs = list(sample.gpu_jobs)
+                track.mounts = list(sample.mounts)
                 track.new_samples += 1
                 track.events = [e for e in track.events if not _cleared_by(e, sample.ts, entities)]
             track.last_sample_at = received_at
@@ -122,6 +125,21 @@ class HealthTracker:
         with self._lock:
             track = self._nodes.get(node_id)
             return list(track.gpu_jobs) if track is not None else []
+
+    def mounts(self, node_id: int) -> list[MountInfo]:
+        """The node's shared file systems (agent.storage), as of its latest sample."""
+        with self._lock:
+            track = self._nodes.get(node_id)
+            return list(track.mounts) if track is not None else []
+
+    def recent(self, node_id: int, kind: str) -> list[tuple[float, Entities]]:
+        """The node's kept samples, latest first, each cut to the entities named `KIND:...`."""
+        prefix = kind + ":"
+        with self._lock:
+            track = self._nodes.get(node_id)
+            if track is None:
+                return []
+            return [(ts, {e: v for e, v in entities.items() if e.startswith(prefix)}) for ts, entities in track.samples]
 
 
 def _cleared_by(event: NodeEvent, ts: float, entities: Entities) -> bool:

@@ -16,7 +16,6 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpufleet.core import hostlist
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.config import Settings
+from gpufleet.core.credentials import CredentialBox
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.inventory import service as inventory
@@ -33,12 +33,13 @@ from gpufleet.inventory.models import Node
 from gpufleet.jobs import queries as job_queries
 from gpufleet.jobs.models import JobState
 from gpufleet.power import redfish
-from gpufleet.power.credentials import CredentialBox
 from gpufleet.power.ipmi import DEFAULT_CIPHER_SUITE, IpmiClient
 from gpufleet.power.models import Bmc
 from gpufleet.power.ports import PROTOCOLS, BmcClient, BmcError, BmcTarget, PowerState
 from gpufleet.power.redfish import RedfishClient
 from gpufleet.power.schemas import BmcOut, NodePowerOut, PowerAction, PowerPlanOut
+from gpufleet.tasks import service as tasks
+from gpufleet.tasks.models import Task
 from gpufleet.tasks.runner import TargetResult, TaskContext
 
 Connect = Callable[[BmcTarget], BmcClient]
@@ -75,10 +76,6 @@ def power_settings(settings: Settings) -> PowerSettings:
         bmc_timeout_s=settings.bmc_timeout_s,
         ipmi_cipher_suite=settings.ipmi_cipher_suite,
     )
-
-
-def key_file(settings: Settings) -> Path:
-    return settings.bmc_key_file or settings.data_dir / "bmc.key"
 
 
 # BMCs: set, remove, read
@@ -508,3 +505,34 @@ def run(
         counts[value] = counts.get(value, 0) + 1
     tally = ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: (kv[0] == "failed", kv[0])))
     return f"power {power_plan.action.value} {hostlist.collect(power_plan.nodes)}: {tally or 'nothing done'}"
+
+
+def create_task(
+    session: Session, clock: Clock, power_plan: PowerPlan, actor: str, params: dict[str, Any] | None = None
+) -> Task:
+    """The task of a planned power action, one target per node (`params` are added to the plan's own: a
+    campaign names itself). The caller commits, then starts `work`."""
+    return tasks.create(
+        session,
+        clock,
+        kind=f"power.{power_plan.action.value}",
+        targets=power_plan.nodes,
+        params=power_plan.params() | (params or {}),
+        created_by=actor,
+    )
+
+
+def work(
+    power_plan: PowerPlan,
+    *,
+    sessions: sessionmaker[Session],
+    clock: Clock,
+    settings: PowerSettings,
+    connect: Connect,
+) -> Callable[[TaskContext], str]:
+    """The work of a task `create_task` recorded: `run` over the plan."""
+
+    def run_plan(task_ctx: TaskContext) -> str:
+        return run(task_ctx, power_plan, sessions=sessions, clock=clock, settings=settings, connect=connect)
+
+    return run_plan

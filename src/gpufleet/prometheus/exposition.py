@@ -28,6 +28,8 @@ from gpufleet.prometheus.names import (
     NODE_LABEL,
     Series,
 )
+from gpufleet.prometheus.storage import fs_samples
+from gpufleet.protocol.metrics import MountInfo
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -51,6 +53,7 @@ class NodeMetrics:
     hostname: str
     entities: Mapping[str, Mapping[str, float]]
     gpus: Mapping[int, GpuFacts] = field(default_factory=dict)
+    mounts: Mapping[str, MountInfo] = field(default_factory=dict)  # shared file systems by mount point
 
 
 class Families:
@@ -75,6 +78,10 @@ class Families:
         """Every mapped metric of every entity of the node's sample."""
         for entity, values in node.entities.items():
             kind, _, rest = entity.partition(":")
+            if kind == "fs":  # node_exporter's names, labels from the mount's facts (prometheus.storage)
+                for fs_series, fs_labels, fs_value in fs_samples(node.node, rest, node.mounts.get(rest), values):
+                    self.add(fs_series, fs_labels, fs_value)
+                continue
             mapping, labels = _entity_labels(node, kind, rest)
             if mapping is None:
                 continue

@@ -31,6 +31,7 @@ class Account(BaseModel):
     uid: int = Field(ge=0, le=2**32 - 1)
     gid: int = Field(ge=0, le=2**32 - 1)
     shell: Annotated[str, StringConstraints(max_length=256)] = "/bin/bash"
+    home: Annotated[str, StringConstraints(max_length=256)] | None = None  # None: /home/USERNAME
     ssh_keys: list[Annotated[str, StringConstraints(max_length=16_384)]] = Field(
         default_factory=list, max_length=MAX_KEYS_PER_ACCOUNT
     )
@@ -40,7 +41,7 @@ class Account(BaseModel):
 def accounts_version(accounts: list[Account]) -> str:
     """A SHA-256 of the accounts' content, independent of their order: the list's ETag."""
     canonical = json.dumps(
-        [a.model_dump(mode="json") for a in sorted(accounts, key=lambda a: a.username)],
+        [a.model_dump(mode="json", exclude_none=True) for a in sorted(accounts, key=lambda a: a.username)],
         sort_keys=True,
         separators=(",", ":"),
     )

@@ -1,7 +1,11 @@
-"""What an agent reports about its node: host facts and GPUs.
+"""What an agent reports about its node: host facts, GPUs and the neighbours its ports see.
 
 Limits on every field keep a malformed or hostile payload from growing the database:
 the head rejects anything outside them with a 422 and stores nothing.
+
+Fields added after the first release are left out of the JSON while they hold their default, so a head
+older than the field (its NodeInventory forbids unknown keys) still takes the inventory of a node that
+has nothing to say there, and the fingerprint of an unchanged inventory stays what it was.
 """
 
 from __future__ import annotations
@@ -9,9 +13,18 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    model_serializer,
+    model_validator,
+)
 
 from gpufleet.protocol.bounds import replace_nul
+from gpufleet.protocol.topology import MAX_NEIGHBORS, LinkNeighbor
 
 ShortText = Annotated[str, StringConstraints(max_length=256, strip_whitespace=True)]
 Mode = Literal["enabled", "disabled"]
@@ -55,6 +68,8 @@ class NodeInventory(BaseModel):
     agent_version: ShortText | None = None
     gpu_source: GpuSource = "none"
     gpus: list[GpuInfo] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
+    # What the node's own lldpd hears on its ports (agent.topology.lldp); sent only when there is any.
+    neighbors: list[LinkNeighbor] = Field(default_factory=list, max_length=MAX_NEIGHBORS)
 
     @model_validator(mode="before")
     @classmethod
@@ -67,6 +82,13 @@ class NodeInventory(BaseModel):
         if len(set(indexes)) != len(indexes):
             raise ValueError("GPU indexes must be unique")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_empty_additions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.neighbors:
+            data.pop("neighbors", None)  # as before the field existed: older heads refuse unknown keys
+        return data
 
     def fingerprint(self) -> str:
         """A stable hash of the content, so both sides can tell cheaply whether it changed."""

@@ -1,10 +1,11 @@
 """Metric samples, node events and simulator commands: what travels on the agent channel besides heartbeats.
 
 A sample is one collection round on one node: a set of *entities* (the host, each GPU, each disk,
-network interface and InfiniBand port), each with its metric values. Entities are named
-`host`, `gpu:<index>`, `disk:<mount point>`, `nic:<interface>` and `ib:<device>/<port>`, so the head
-stores and queries every kind the same way. Metric names are gpufleet's own (listed below with their
-units); the head maps them to dcgm-exporter's names for Prometheus.
+network interface and InfiniBand port, each shared file system), each with its metric values. Entities
+are named `host`, `gpu:<index>`, `disk:<mount point>`, `nic:<interface>`, `ib:<device>/<port>` and
+`fs:<mount point>`, so the head stores and queries every kind the same way. Metric names are
+gpufleet's own (listed below with their units); the head maps them to dcgm-exporter's names (GPUs) and
+node_exporter's (shared file systems) for Prometheus.
 
 Events are what must not wait for the next sample (an Xid, a GPU falling off the bus): the agent
 sends them the moment it sees them, because the head drains a node on them within seconds.
@@ -19,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from gpufleet.protocol.bounds import MAX_INT64
 
 MetricName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
-EntityName = Annotated[str, StringConstraints(pattern=r"^(host|gpu:\d{1,3}|disk:/\S{0,200}|nic:\S{1,64}|ib:\S{1,64})$")]
+EntityName = Annotated[
+    str, StringConstraints(pattern=r"^(host|gpu:\d{1,3}|disk:/\S{0,200}|fs:/\S{0,200}|nic:\S{1,64}|ib:\S{1,64})$")
+]
 MAX_ENTITIES_PER_SAMPLE = 512
 MAX_METRICS_PER_ENTITY = 128
 
@@ -94,6 +97,63 @@ IB_METRICS: dict[str, str] = {
     "ib_xmit_discards": "transmit discards (counter)",
 }
 
+# Shared file systems (agent.storage): one `fs:<mount point>` entity per watched mount. The probe's
+# values come for every kind; the client's counters only where the kind keeps them (NFS, Lustre, GPFS).
+# `fs_ops` and `fs_op_seconds` are the same two counters for every kind that has them, so the head
+# computes "mean time per operation" without knowing the kind.
+FS_STATES: dict[int, str] = {0: "ok", 1: "hung", 2: "stale", 3: "error", 4: "not mounted"}
+FS_METRICS: dict[str, str] = {
+    "fs_state": "0 ok, 1 hung (no answer within the probe timeout), 2 stale file handle, 3 other error, 4 not mounted",
+    "fs_probe_seconds": "seconds stat and statvfs took in the probe's child process (hung: the time waited)",
+    "fs_size_bytes": "size, bytes (statvfs f_blocks x f_frsize)",
+    "fs_free_bytes": "free, bytes, reserved blocks included (f_bfree)",
+    "fs_avail_bytes": "available to unprivileged users, bytes (f_bavail)",
+    "fs_files": "inodes (f_files)",
+    "fs_files_free": "inodes free (f_ffree)",
+    "fs_ops": "operations the client sent to the servers (counter; NFS: RPCs, Lustre: llite calls)",
+    "fs_op_seconds": "their cumulative time, s (counter; NFS: RPC round trips, Lustre: llite call times)",
+    # NFS, from /proc/self/mountstats (the fields node_exporter's mountstats collector reads)
+    "nfs_age_seconds": "seconds since the mount",
+    "nfs_read_bytes": "bytes read with read(2) (counter)",
+    "nfs_write_bytes": "bytes written with write(2) (counter)",
+    "nfs_direct_read_bytes": "bytes read with O_DIRECT (counter)",
+    "nfs_direct_write_bytes": "bytes written with O_DIRECT (counter)",
+    "nfs_total_read_bytes": "bytes read from the server, READ RPCs (counter)",
+    "nfs_total_write_bytes": "bytes written to the server, WRITE RPCs (counter)",
+    "nfs_transmissions": "RPC transmissions, all operations (counter; above fs_ops: retransmissions)",
+    "nfs_major_timeouts": "RPC major timeouts, all operations (counter)",
+    "nfs_xprt_connects": "transport connects (counter; the first xprt line: tcp, udp or rdma)",
+    "nfs_xprt_idle_seconds": "seconds the transport has been idle",
+    "nfs_xprt_sends": "RPC requests sent (counter)",
+    "nfs_xprt_receives": "RPC replies received (counter)",
+    "nfs_xprt_bad_xids": "replies whose transaction id matched no request (counter)",
+    "nfs_xprt_backlog_queue": "cumulative backlog queue length (counter)",
+    # Per operation OP (lower case: read, write, getattr ...; the busiest operations only, see agent.storage.nfs):
+    "nfs_op_<OP>_requests": "operations (counter)",
+    "nfs_op_<OP>_transmissions": "transmissions (counter)",
+    "nfs_op_<OP>_major_timeouts": "major timeouts (counter)",
+    "nfs_op_<OP>_sent_bytes": "bytes sent, headers included (counter)",
+    "nfs_op_<OP>_received_bytes": "bytes received, headers included (counter)",
+    "nfs_op_<OP>_queue_seconds": "cumulative time queued before sending, s (counter)",
+    "nfs_op_<OP>_rtt_seconds": "cumulative round-trip time, s (counter)",
+    "nfs_op_<OP>_execute_seconds": "cumulative time from queueing to completion, s (counter)",
+    # Lustre, from `lctl get_param` and `lfs df`
+    "lustre_targets": "OSTs and MDTs the client imports",
+    "lustre_targets_unhealthy": "imports whose state is not FULL (DISCONN, CONNECTING, ...)",
+    "lustre_ost_fill_max_pct": "the fullest OST, percent used",
+    "lustre_mdt_fill_max_pct": "the fullest MDT, percent used",
+    "lustre_targets_inactive": "targets `lfs df` lists as inactive or unavailable",
+    "lustre_read_bytes": "bytes read through llite (counter)",
+    "lustre_write_bytes": "bytes written through llite (counter)",
+    # GPFS (IBM Storage Scale), from `mmhealth node show -Y` and `mmdf -Y`
+    "gpfs_health": "mmhealth's FILESYSTEM state of this file system: 0 HEALTHY, 1 TIPS or DEGRADED, 2 FAILED, 3 other",
+    "gpfs_node_health": "mmhealth's NODE state: 0 HEALTHY, 1 TIPS or DEGRADED, 2 FAILED, 3 other",
+    "gpfs_metadata_size_bytes": "metadata space, bytes (mmdf)",
+    "gpfs_metadata_free_bytes": "metadata space free, bytes (mmdf)",
+    "gpfs_inodes_max": "inodes the file system may allocate (mmdf)",
+    "gpfs_inodes_used": "inodes used (mmdf)",
+}
+
 
 class EntityValues(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -141,6 +201,27 @@ class GpuJob(BaseModel):
     account: JobOwner = ""
 
 
+MAX_MOUNTS_PER_SAMPLE = 32
+MountPoint = Annotated[str, StringConstraints(pattern=r"^/\S{0,200}$")]
+# One line of printable text: these become Prometheus label values and the dashboard's text.
+_MOUNT_TEXT = r"^[^\x00-\x1f\x7f]*$"
+
+
+class MountInfo(BaseModel):
+    """What labels a shared file system's `fs:<mount point>` entity: its kind and where it comes from
+    (mountinfo's source: `server:/export`, a Lustre `MGS@o2ib:/fsname`, a GPFS device name)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    mountpoint: MountPoint
+    fstype: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,31}$")]
+    source: Annotated[str, StringConstraints(max_length=256, pattern=_MOUNT_TEXT)] = ""
+    # NFS: the transport (tcp, udp, rdma) and the server's address, as node_exporter labels them.
+    protocol: Annotated[str, StringConstraints(max_length=16, pattern=_MOUNT_TEXT)] = ""
+    server: Annotated[str, StringConstraints(max_length=64, pattern=_MOUNT_TEXT)] = ""
+    required: bool = False  # one of the node's required_mounts: hung or gone, the node fails its check
+
+
 class Sample(BaseModel):
     """One collection round on one node."""
 
@@ -151,6 +232,9 @@ class Sample(BaseModel):
     checks: list[CheckResult] = Field(default_factory=list, max_length=256)
     # Empty on a node without Slurm, and from agents older than the field.
     gpu_jobs: list[GpuJob] = Field(default_factory=list, max_length=MAX_GPU_JOBS_PER_SAMPLE)
+    # The shared file systems its `fs:` entities are (agent.storage). Empty on a node that watches none,
+    # and from agents older than the field.
+    mounts: list[MountInfo] = Field(default_factory=list, max_length=MAX_MOUNTS_PER_SAMPLE)
 
 
 # host_fault: the host's kernel log says the node cannot run work (a driver whose user-space libraries are
@@ -176,8 +260,25 @@ class NodeEvent(BaseModel):
 
 
 # Faults the simulator can inject (`gpufleet sim fault`); real agents refuse every one of them.
+# The weak-* kinds show only in burn-in steps' figures (sim.burnin), never in the node's telemetry.
+# The mount-* kinds act on a simulated node's shared mounts (sim.storage): its server stops answering,
+# its file handles go stale, or its round trips take ten times as long.
 FaultKind = Literal[
-    "xid79", "ecc-dbe", "thermal", "nvlink-down", "ib-down", "gpu-missing", "gpu-slow", "node-crash", "agent-hang"
+    "xid79",
+    "ecc-dbe",
+    "thermal",
+    "nvlink-down",
+    "ib-down",
+    "gpu-missing",
+    "gpu-slow",
+    "node-crash",
+    "agent-hang",
+    "weak-gpu-slow",
+    "weak-gpu-wrong",
+    "weak-link",
+    "mount-hang",
+    "mount-stale",
+    "mount-slow",
 ]
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__  # type: ignore[attr-defined]
 

@@ -42,6 +42,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.core import hostlist
 from gpufleet.core.clock import Clock
+from gpufleet.core.config import Settings
 from gpufleet.core.errors import InvalidInput, NotFound, Unavailable
 from gpufleet.inventory import categories
 from gpufleet.inventory import service as inventory
@@ -304,9 +305,14 @@ def playbook_program() -> str:
     return found
 
 
-def create_run(session: Session, clock: Clock, plan: RunPlan, created_by: str) -> Task:
-    """The run's task, one target per host (the caller commits it, then starts `work`)."""
-    return tasks.create(session, clock, kind=KIND, targets=plan.hosts, params=plan.params(), created_by=created_by)
+def create_run(
+    session: Session, clock: Clock, plan: RunPlan, created_by: str, params: Mapping[str, Any] | None = None
+) -> Task:
+    """The run's task, one target per host (the caller commits it, then starts `work`). `params` are added
+    to the plan's own (a campaign names itself)."""
+    return tasks.create(
+        session, clock, kind=KIND, targets=plan.hosts, params=plan.params() | dict(params or {}), created_by=created_by
+    )
 
 
 # Running -------------------------------------------------------------------------------------------
@@ -320,6 +326,15 @@ class RunnerSettings:
     timeout_s: float  # the whole run; past it ansible-playbook is killed and unfinished hosts fail
     task_timeout_s: int  # one task on one host (Ansible's TASK_TIMEOUT); 0: none
     forks: int  # hosts Ansible works on at once
+
+    @classmethod
+    def of(cls, settings: Settings) -> RunnerSettings:
+        return cls(
+            runs_dir=settings.data_dir / "ansible",
+            timeout_s=settings.ansible_timeout_s,
+            task_timeout_s=settings.ansible_task_timeout_s,
+            forks=settings.ansible_forks,
+        )
 
 
 @dataclass

@@ -23,7 +23,7 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,8 @@ from gpufleet.provisioning import images, networks
 from gpufleet.provisioning.image_models import Image
 from gpufleet.provisioning.images import ImageConfig
 from gpufleet.provisioning.runner import Runner, Step
+from gpufleet.tasks import service as tasks
+from gpufleet.tasks.models import Task
 from gpufleet.tasks.runner import TargetResult, TaskContext
 
 # What no sync writes or deletes on a node. "DIR/*" keeps the directory itself in line with the
@@ -439,6 +441,70 @@ def plan(
 # ---- the task's work -------------------------------------------------------------------------------
 
 
+def create_task(
+    session: Session,
+    clock: Clock,
+    plans: Sequence[NodePlan],
+    *,
+    dry_run: bool,
+    limit: int,
+    actor: str,
+    params: Mapping[str, Any] | None = None,
+) -> Task:
+    """The task of a sync (or its dry run) over planned nodes, its images held so none changes or goes
+    while the task reads it (`images.readers` finds them in the params). `params` are added to the
+    task's own (a campaign names itself). The caller commits, then starts `work`. Raises NotFound or
+    Conflict (an image not ready)."""
+    images.hold(session, [p.image for p in plans])
+    return tasks.create(
+        session,
+        clock,
+        kind="image.sync-dry-run" if dry_run else "image.sync",
+        targets=[p.node for p in plans],
+        params={
+            "images": sorted({p.image for p in plans}),
+            "dry_run": dry_run,
+            "limit": limit,
+            "targets": {p.node: p.target for p in plans},
+            **(params or {}),
+        },
+        created_by=actor,
+    )
+
+
+def work(
+    sessions: sessionmaker[Session],
+    clock: Clock,
+    runner: Runner,
+    image_config: ImageConfig,
+    config: SyncConfig,
+    *,
+    plans: Sequence[NodePlan],
+    dry_run: bool,
+    limit: int,
+    actor: str,
+    expect: Mapping[str, int] | None = None,
+) -> Callable[[TaskContext], str]:
+    """The work of a task `create_task` recorded: `run_sync` over the plans."""
+
+    def run(task_ctx: TaskContext) -> str:
+        return run_sync(
+            task_ctx,
+            sessions,
+            clock,
+            runner,
+            image_config,
+            config,
+            plans=plans,
+            dry_run=dry_run,
+            limit=limit,
+            actor=actor,
+            expect=expect,
+        )
+
+    return run
+
+
 def run_sync(
     ctx: TaskContext,
     sessions: sessionmaker[Session],
@@ -451,10 +517,13 @@ def run_sync(
     dry_run: bool,
     limit: int,
     actor: str,
+    expect: Mapping[str, int] | None = None,
 ) -> str:
     """Sync (or dry-run) every planned node, at most `limit` at once. Each image is first checked
     for changes made on disk outside gpufleet (a new revision if so), so every node's result names
-    the revision it got. Raises Conflict when an image is no longer ready."""
+    the revision it got. `expect` (image -> revision): sync only that revision of each image named
+    (a maintenance campaign never mixes revisions). Raises Conflict, before any node is written, when
+    an image is no longer ready or is at another revision than expected."""
     revisions: dict[str, tuple[Path, int]] = {}
     with transaction(sessions) as session:
         for name in sorted({p.image for p in plans}):
@@ -463,6 +532,10 @@ def run_sync(
                 raise Conflict(f"image {name} is {row.state}: sync when that ends")
             images.rescan(session, clock, row, actor)
             revisions[name] = (Path(row.path), row.revision)
+    # Checked once the rescan is committed: a change made on disk stays on record as its revision.
+    for name, wanted in sorted((expect or {}).items()):
+        if name in revisions and revisions[name][1] != wanted:
+            raise Conflict(f"image {name} is at revision {revisions[name][1]}, not revision {wanted} as asked")
     by_node = {p.node: p for p in plans}
 
     def one(node: str) -> TargetResult:

@@ -6,6 +6,11 @@ While it runs, its GPUs' load is GPUFLEET_SIM_UTIL (0..1, default 0.9; a low val
 idle GPUs held by a job), and back to 0 when it ends, however it ends. Its exit code is
 GPUFLEET_SIM_EXIT (default 0: completed; anything else: failed). A progress line goes to stdout every
 `step_s` seconds.
+
+A burn-in step (argv `gpufleet-burnin KIND --seconds N ...`, see sim.burnin) runs for its N seconds times
+`burnin_time_scale` (0.005 by default: a 60 s step takes 0.3 s), at most `burnin_max_s` (0.5 s), its GPUs
+busy meanwhile; then it prints a line per figure and the result line the head reads, and exits 0, or 1
+when the result says ok=False, or 2 for a bad command line, as the real runner does.
 """
 
 from __future__ import annotations
@@ -14,12 +19,20 @@ import asyncio
 import math
 from collections.abc import Awaitable, Callable
 
+from gpufleet.agent.burnin.common import PROGRAM, Run, Usage
 from gpufleet.agent.jobs.ports import OnOutput, OnStarted, RankResult
+from gpufleet.protocol.burnin import format_result
 from gpufleet.protocol.jobs import JobStart
+from gpufleet.sim import burnin
 from gpufleet.sim.nvml import SimulatedNvml
 
 DEFAULT_SECONDS = 60.0
 DEFAULT_UTIL = 0.9
+# A simulated burn-in step lasts its seconds times this, at most BURNIN_MAX_S: well under a second, so a
+# whole profile over a simulated fleet runs in a test.
+BURNIN_TIME_SCALE = 0.005
+BURNIN_MAX_S = 0.5
+_BURNIN_TICKS = 4  # progress lines while a step runs
 
 
 class _BadJob(Exception):
@@ -28,22 +41,38 @@ class _BadJob(Exception):
 
 class SimulatedExecutor:
     """A `JobExecutor` for a simulated node, over that node's `SimulatedNvml`. `clock_sleep` is how time
-    passes (a test passes a fake one); `step_s` is how often a progress line is written."""
+    passes (a test passes a fake one); `step_s` is how often a progress line is written. `burnin_faults`
+    are the node's weak parts that burn-in steps measure (shared with its fault target; default: none);
+    `burnin_time_scale` and `burnin_max_s` set how long a simulated step lasts. Raises ValueError for a
+    negative scale or limit."""
 
     def __init__(
         self,
         nvml: SimulatedNvml,
         clock_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         step_s: float = 5.0,
+        *,
+        burnin_faults: burnin.BurninFaults | None = None,
+        burnin_time_scale: float = BURNIN_TIME_SCALE,
+        burnin_max_s: float = BURNIN_MAX_S,
     ) -> None:
+        if not (math.isfinite(burnin_time_scale) and burnin_time_scale >= 0):
+            raise ValueError(f"the burn-in time scale must be a number, 0 or more, not {burnin_time_scale}")
+        if not (math.isfinite(burnin_max_s) and burnin_max_s >= 0):
+            raise ValueError(f"the burn-in step limit must be a number of seconds, 0 or more, not {burnin_max_s}")
         self.nvml = nvml
         self.sleep = clock_sleep
         self.step_s = step_s
+        self.burnin_faults = burnin_faults or burnin.BurninFaults(len(nvml.gpus))
+        self.burnin_time_scale = burnin_time_scale
+        self.burnin_max_s = burnin_max_s
 
     async def run(
         self, launch: JobStart, on_started: OnStarted, on_output: OnOutput, cancel: asyncio.Event
     ) -> RankResult:
         """Let the rank's time pass; see JobExecutor.run. Never raises."""
+        if launch.argv and launch.argv[0] == PROGRAM:
+            return await self._burnin(launch, on_started, on_output, cancel)
         try:
             seconds, util, exit_code = _plan(launch, len(self.nvml.gpus))
         except _BadJob as exc:
@@ -71,6 +100,57 @@ class SimulatedExecutor:
             for index in launch.gpu_indexes:
                 self.nvml.set_load(index, 0.0)
 
+    async def _burnin(
+        self, launch: JobStart, on_started: OnStarted, on_output: OnOutput, cancel: asyncio.Event
+    ) -> RankResult:
+        """Run one rank of a burn-in step: busy GPUs for a scaled time, then its figures and result line."""
+        try:
+            _check_gpus(launch, len(self.nvml.gpus))
+        except _BadJob as exc:
+            return RankResult("error", message=str(exc))
+        try:
+            step = burnin.parse_step(launch.argv)
+        except Usage as exc:
+            on_started()  # the real runner starts, then refuses its command line
+            return _usage_error(exc, on_output)
+        duration = min(step.seconds * self.burnin_time_scale, self.burnin_max_s)
+        ends_after = min(duration, launch.time_limit_s)
+        load = 1.0 if burnin.uses_gpus(step, launch.gpu_indexes) else 0.0
+        gpus = f", {len(launch.gpu_indexes)} GPU(s)" if load else ""
+        try:
+            for index in launch.gpu_indexes:
+                self.nvml.set_load(index, load)
+            on_started()
+            on_output(
+                "stdout",
+                f"{PROGRAM} {step.kind} on {self.nvml.node_name}, rank {launch.rank} of"
+                f" {launch.world_size}{gpus}: {step.seconds:g} s, simulated in {duration:.3g} s\n",
+            )
+            for tick in range(1, _BURNIN_TICKS + 1):
+                if await self._sleep_unless_cancelled(ends_after / _BURNIN_TICKS, cancel):
+                    return RankResult("cancelled", message="cancelled")
+                on_output("stdout", f"{step.kind}: {100 * tick // _BURNIN_TICKS}%\n")
+            if duration > launch.time_limit_s:
+                return RankResult("timeout", message=f"time limit of {launch.time_limit_s:g} s reached")
+            return self._burnin_result(step, launch, on_output)
+        finally:
+            for index in launch.gpu_indexes:
+                self.nvml.set_load(index, 0.0)
+
+    def _burnin_result(self, step: Run, launch: JobStart, on_output: OnOutput) -> RankResult:
+        """What the step measured, printed with its result line, and how the rank ends."""
+        try:
+            measured = burnin.measure(
+                step, self.nvml, self.burnin_faults, launch.gpu_indexes, rank=launch.rank, world_size=launch.world_size
+            )
+        except Usage as exc:
+            return _usage_error(exc, on_output)
+        on_output("stdout", "".join(measured.lines) + format_result(measured.result))
+        if measured.exit_code == 0:
+            return RankResult("completed", 0)
+        message = f"exited with code {measured.exit_code}: {measured.result.detail}"
+        return RankResult("failed", measured.exit_code, message[:512])
+
     async def _sleep_unless_cancelled(self, seconds: float, cancel: asyncio.Event) -> bool:
         """Let `seconds` pass; True when the rank was cancelled first (at once, not at the step's end)."""
         sleeping = asyncio.ensure_future(self.sleep(seconds))
@@ -83,11 +163,21 @@ class SimulatedExecutor:
         return cancel.is_set()
 
 
-def _plan(launch: JobStart, gpu_count: int) -> tuple[float, float, int]:
-    """The rank's duration, GPU load and exit code, from its argv and variables. Raises _BadJob."""
+def _usage_error(exc: Usage, on_output: OnOutput) -> RankResult:
+    """A step that cannot run as asked says why on stderr and exits 2."""
+    on_output("stderr", f"{PROGRAM}: {exc}\n")
+    return RankResult("failed", burnin.USAGE_EXIT, f"exited with code {burnin.USAGE_EXIT}: {exc}"[:512])
+
+
+def _check_gpus(launch: JobStart, gpu_count: int) -> None:
     for index in launch.gpu_indexes:
         if not 0 <= index < gpu_count:
             raise _BadJob(f"GPU {index} is not on this simulated node ({gpu_count} GPUs)")
+
+
+def _plan(launch: JobStart, gpu_count: int) -> tuple[float, float, int]:
+    """The rank's duration, GPU load and exit code, from its argv and variables. Raises _BadJob."""
+    _check_gpus(launch, gpu_count)
     if len(launch.argv) == 2 and launch.argv[0] == "sleep":
         seconds = _number(launch.argv[1], "sleep's argument")
     else:

@@ -67,7 +67,7 @@ _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "sim.gpufleet")
 # under a bf16 matmul about 65 C, 692 W (99 % of the 700 W limit), 100 % busy, 25 % memory-busy,
 # 1.8 GB used, SM clock 1425-1500 MHz. HBM reads 2 C below the GPU (nvidia-smi-q.xml: 40 C at 42 C).
 _IDLE_TEMP_C = 40
-_LOAD_TEMP_C = 65
+LOAD_TEMP_C = 65
 _MEM_BELOW_GPU_C = 2
 _IDLE_POWER_SHARE = 79_300 / 700_000
 _LOAD_POWER_SHARE = 692_000 / 700_000
@@ -78,9 +78,9 @@ _IDLE_SM_CLOCK_MHZ = 345
 _LOAD_SM_CLOCK_SHARE = 0.75  # of the maximum, under a power-capped load
 _POWER_CAPPED_LOAD = 0.95  # above this load the SW power cap holds the clocks
 # A GPU in thermal trouble: past the slowdown threshold, HBM hotter still, clocks halved.
-_HOT_GPU_C = 92
+HOT_GPU_C = 92
 _HOT_MEM_C = 95
-_THERMAL_REASONS = (
+THERMAL_REASONS = (
     api.CLOCKS_EVENT_HW_SLOWDOWN | api.CLOCKS_EVENT_SW_THERMAL_SLOWDOWN | api.CLOCKS_EVENT_HW_THERMAL_SLOWDOWN
 )
 _NVLINKS_DOWN = (0, 1)  # the links nvlink-down takes out
@@ -94,7 +94,7 @@ FAULTS = {
     "gpu-missing": "the GPU is no longer listed: the device count drops by one",
     "gpu-slow": "the GPU delivers a fifth of the load its job asks (utilization, power, clocks): a straggler",
 }
-_SLOW_SHARE = 0.2  # of the asked load that a gpu-slow GPU delivers
+SLOW_SHARE = 0.2  # of the asked load that a gpu-slow GPU delivers
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +225,7 @@ class SimulatedNvml:
         gpu = self._gpus[index]
         self._accumulate_energy(gpu)
         gpu.demand = min(1.0, max(0.0, load))
-        gpu.load = gpu.demand * (_SLOW_SHARE if gpu.slow else 1.0)
+        gpu.load = gpu.demand * (SLOW_SHARE if gpu.slow else 1.0)
 
     def inject(self, kind: str, gpu: int | None = None) -> str:
         """Apply fault `kind` (one of FAULTS) to GPU `gpu` (its place on the board; default 0); say what changed.
@@ -257,7 +257,7 @@ class SimulatedNvml:
         if kind == "gpu-slow":
             self._accumulate_energy(target)
             target.slow = True
-            target.load = target.demand * _SLOW_SHARE
+            target.load = target.demand * SLOW_SHARE
             return f"GPU {index} delivers a fifth of the load it is asked: a straggler"
         if kind == "nvlink-down":
             if self.model.nvlinks < len(_NVLINKS_DOWN):
@@ -427,7 +427,7 @@ class SimulatedNvml:
             reasons = api.CLOCKS_EVENT_SW_POWER_CAP
         else:
             reasons = 0
-        return reasons | (_THERMAL_REASONS if handle.hot else 0)
+        return reasons | (THERMAL_REASONS if handle.hot else 0)
 
     nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons  # the old name
 
@@ -544,13 +544,13 @@ class SimulatedNvml:
                 event_set.push(EventData(device=gpu, eventType=api.EVENT_TYPE_XID_CRITICAL_ERROR, eventData=xid))
 
     def _gpu_temp(self, gpu: SimulatedGpu) -> int:
-        level = _HOT_GPU_C if gpu.hot else _IDLE_TEMP_C + gpu.load * (_LOAD_TEMP_C - _IDLE_TEMP_C)
+        level = HOT_GPU_C if gpu.hot else _IDLE_TEMP_C + gpu.load * (LOAD_TEMP_C - _IDLE_TEMP_C)
         return round(level + self._rng.uniform(-0.5, 0.5))
 
     def _mem_temp(self, gpu: SimulatedGpu) -> int:
         if gpu.hot:
             return _HOT_MEM_C
-        return round(_IDLE_TEMP_C + gpu.load * (_LOAD_TEMP_C - _IDLE_TEMP_C)) - _MEM_BELOW_GPU_C
+        return round(_IDLE_TEMP_C + gpu.load * (LOAD_TEMP_C - _IDLE_TEMP_C)) - _MEM_BELOW_GPU_C
 
     def _sm_clock(self, gpu: SimulatedGpu) -> int:
         clock = _IDLE_SM_CLOCK_MHZ if gpu.load == 0.0 else self.model.sm_clock_max_mhz * _LOAD_SM_CLOCK_SHARE

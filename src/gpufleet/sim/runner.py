@@ -20,6 +20,7 @@ import httpx
 from gpufleet.agent.artifacts import ArtifactCache
 from gpufleet.agent.credentials import CredentialStore
 from gpufleet.agent.daemon import Agent, AgentOptions
+from gpufleet.agent.faults import AGENT_FAULTS
 from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.inventory import inventory_source
 from gpufleet.agent.jobs.supervisor import JobSupervisor
@@ -30,17 +31,23 @@ from gpufleet.agent.metrics.ports import Collector
 from gpufleet.agent.metrics.sampler import Sampler
 from gpufleet.agent.metrics.xid import XidBook, XidWatcher
 from gpufleet.agent.slurm.mapping import SlurmJobMap
+from gpufleet.agent.storage.checks import StorageChecks
+from gpufleet.agent.storage.collector import StorageCollector
 from gpufleet.client import AgentHttp
 from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.protocol.inventory import MAX_GPUS_PER_NODE
+from gpufleet.protocol.messages import check_node_name
+from gpufleet.protocol.metrics import FAULT_KINDS
+from gpufleet.sim.burnin import BurninFaults
 from gpufleet.sim.checks import SimulatedChecks
 from gpufleet.sim.faults import SimulatedFaults
 from gpufleet.sim.host import simulated_host
 from gpufleet.sim.host_metrics import SimulatedHostMetrics
 from gpufleet.sim.infiniband import SimulatedInfiniband
-from gpufleet.sim.jobs import SimulatedExecutor
+from gpufleet.sim.jobs import BURNIN_MAX_S, BURNIN_TIME_SCALE, SimulatedExecutor
 from gpufleet.sim.nvml import DRIVER_VERSION, SimulatedNvml
 from gpufleet.sim.software import SimulatedSoftware
+from gpufleet.sim.storage import SimulatedStorage
 
 log = logging.getLogger(__name__)
 MAX_NODES = 10_000
@@ -54,6 +61,38 @@ def default_state_dir() -> Path:
     # The XDG spec says a relative XDG_STATE_HOME is invalid and to be ignored.
     root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"
     return root / "gpufleet" / "sim"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFault:
+    """A fault a simulated node has from the start, as if it had been injected before it joined."""
+
+    node: str
+    kind: str
+    gpu: int | None = None
+
+
+def parse_fault(spec: str) -> NodeFault:
+    """`NODE:KIND[:GPU]`, e.g. `sim003:weak-gpu-slow:2` or `sim007:weak-link`. Raises InvalidInput."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3):
+        raise InvalidInput(f"fault {spec!r} must read NODE:KIND or NODE:KIND:GPU")
+    node, kind = parts[0], parts[1]
+    try:
+        check_node_name(node)
+    except ValueError as exc:
+        raise InvalidInput(f"fault {spec!r}: {exc}") from None
+    if kind in AGENT_FAULTS:
+        # These are the agent's behaviour, not the node's hardware: a node that starts crashed never joins.
+        raise InvalidInput(f"fault {spec!r}: {kind} cannot be set at start; inject it once the node runs")
+    if kind not in FAULT_KINDS:
+        raise InvalidInput(f"fault {spec!r}: unknown kind {kind!r}; one of {', '.join(FAULT_KINDS)}")
+    gpu = None
+    if len(parts) == 3:
+        if not parts[2].isdigit() or len(parts[2]) > 3:
+            raise InvalidInput(f"fault {spec!r}: GPU must be a number, 0 or more")
+        gpu = int(parts[2])
+    return NodeFault(node, kind, gpu)
 
 
 def node_names(count: int, prefix: str = "sim") -> list[str]:
@@ -87,6 +126,16 @@ class SimOptions:
     # node an older one. Off by default: a 1,000-node benchmark has no use for it.
     software: bool = False
     older_every: int = 4
+    # How long a simulated burn-in step lasts: its seconds times the scale, at most burnin_max_s (sim.jobs).
+    burnin_time_scale: float = BURNIN_TIME_SCALE
+    burnin_max_s: float = BURNIN_MAX_S
+    # Faults nodes have before they join (`gpufleet sim --fault NODE:KIND[:GPU]`): e.g. two weak GPUs and a
+    # weak link among 16 nodes, for burn-in admission to find.
+    faults: list[NodeFault] = field(default_factory=list)
+    # Shared mounts every node has and requires (an NFS export of a simulated server each, sim.storage):
+    # watched by the agent's real storage collector and checks; `mount-hang` and friends act on them.
+    shared_mounts: list[str] = field(default_factory=list)
+    storage_probe_timeout_s: float = 5.0
 
 
 @dataclass
@@ -111,7 +160,13 @@ class Simulation:
             verify=opts.tls_context if opts.tls_context is not None else True,
         )
         http = AgentHttp(opts.server, self._http)
-        for i, name in enumerate(node_names(opts.nodes, opts.prefix)):
+        names = node_names(opts.nodes, opts.prefix)
+        strangers = sorted({f.node for f in opts.faults} - set(names))
+        if strangers:
+            raise InvalidInput(
+                f"--fault names node(s) {', '.join(strangers)} not simulated here ({names[0]} to {names[-1]})"
+            )
+        for i, name in enumerate(names):
             try:
                 nvml = SimulatedNvml(
                     name,
@@ -121,6 +176,7 @@ class Simulation:
                 )
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from None
+            burnin = BurninFaults(opts.gpus_per_node)
             host = functools.partial(simulated_host, name, opts.gpus_per_node)
             read = inventory_source(host, [NvmlReader(nvml, source="simulated")])
             agent_opts = AgentOptions(
@@ -131,7 +187,12 @@ class Simulation:
                 tls_context=opts.tls_context,
                 # Jobs placed here run in simulated time: GPUs load up, nothing is executed.
                 jobs=JobSupervisor(
-                    SimulatedExecutor(nvml),
+                    SimulatedExecutor(
+                        nvml,
+                        burnin_faults=burnin,
+                        burnin_time_scale=opts.burnin_time_scale,
+                        burnin_max_s=opts.burnin_max_s,
+                    ),
                     # Staging is real: models and datasets are copied into the node's own cache directory.
                     cache=ArtifactCache(opts.state_dir / "nodes" / f"{name}.cache", opts.cache_limit_bytes),
                 ),
@@ -140,19 +201,35 @@ class Simulation:
                 variant = "older" if opts.older_every and (i + 1) % opts.older_every == 0 else "current"
                 root = opts.state_dir / "nodes" / f"{name}.root"
                 agent_opts.software = SimulatedSoftware(root, nvml, variant)
-            self._add_metrics(agent_opts, name, nvml)
+            target = self._add_metrics(agent_opts, name, nvml, burnin)
+            for fault in (f for f in opts.faults if f.node == name):
+                try:
+                    target.inject(fault.kind, fault.gpu)
+                except InvalidInput as exc:
+                    raise InvalidInput(f"--fault {name}:{fault.kind}: {exc}") from None
             store = CredentialStore(opts.state_dir / "nodes" / f"{name}.json")
             self.agents[name] = Agent(agent_opts, store, http, read)
 
-    def _add_metrics(self, options: AgentOptions, name: str, nvml: SimulatedNvml) -> None:
-        """The real collectors over the node's simulated NVML and ports, and those as its fault target."""
+    def _add_metrics(
+        self, options: AgentOptions, name: str, nvml: SimulatedNvml, burnin: BurninFaults
+    ) -> SimulatedFaults:
+        """The real collectors over the node's simulated NVML and ports, and those (with the weak parts
+        burn-in steps measure) as its fault target, which this returns."""
         infiniband = SimulatedInfiniband(self.options.ib_ports)
-        options.faults = SimulatedFaults(nvml, infiniband)
+        storage = None
+        if self.options.shared_mounts:
+            storage = SimulatedStorage(
+                self.options.shared_mounts, node=name, timeout_s=self.options.storage_probe_timeout_s
+            )
+        options.faults = target = SimulatedFaults(nvml, infiniband, burnin, storage)
         if self.options.metrics_interval_s is None:
-            return
+            return target
         xids = XidBook()
         collectors: list[Collector] = [GpuCollector(nvml, xids=xids), SimulatedHostMetrics(name, nvml)]
         collectors.append(IbCollector(infiniband))
+        if storage is not None:
+            mounts = self.options.shared_mounts
+            collectors.append(StorageCollector(storage, shared_mounts=mounts, required=mounts))
         if name in self.options.slurm_job_maps:
             collectors.append(SlurmJobMap(self.options.slurm_job_maps[name]))
         options.metrics = Sampler(collectors)
@@ -167,8 +244,13 @@ class Simulation:
         options.metrics_interval_s = self.options.metrics_interval_s
         options.metrics_backlog = self.options.metrics_backlog
         if self.options.checks_interval_s is not None:
-            options.checks = SimulatedChecks()
+            real = None
+            if storage is not None:
+                mounts = self.options.shared_mounts
+                real = StorageChecks(storage, required=mounts, shared_mounts=mounts)
+            options.checks = SimulatedChecks(real)
             options.checks_interval_s = self.options.checks_interval_s
+        return target
 
     def kernel_log(self, name: str) -> Path:
         """Where node `name`'s simulated kernel log is: its agent follows and classifies what is written there."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 class Mount:
     fstype: str
     read_only: bool
+    source: str = ""  # mountinfo's mount source: `server:/export`, `/dev/sda1`, a GPFS device name
 
 
 def mount_check_name(path: str) -> str:
@@ -44,13 +46,22 @@ def read_mountinfo(text: str) -> dict[str, Mount]:
         if after + 1 >= len(fields):
             continue
         point = _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
-        mounts[point] = Mount(fstype=fields[after + 1], read_only="ro" in fields[5].split(","))
+        source = (
+            _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[after + 2]) if after + 2 < len(fields) else ""
+        )
+        mounts[point] = Mount(fstype=fields[after + 1], read_only="ro" in fields[5].split(","), source=source)
     return mounts
 
 
-def check_mounts(paths: list[str], mountinfo: Path = MOUNTINFO) -> list[CheckResult]:
+def check_mounts(
+    paths: list[str],
+    mountinfo: Path = MOUNTINFO,
+    judge: Callable[[str, Mount], CheckResult | None] | None = None,
+) -> list[CheckResult]:
     """One result per required path: mounted passes (the message names the filesystem type), not
-    mounted fails. An unreadable mount table warns for every path. Raises nothing."""
+    mounted fails. An unreadable mount table warns for every path. `judge` (agent.storage.checks) may
+    give a mounted path its own verdict instead (a shared file system probed: hung, stale); None from it
+    keeps the plain one. Raises nothing."""
     if not paths:
         return []
     try:
@@ -64,6 +75,10 @@ def check_mounts(paths: list[str], mountinfo: Path = MOUNTINFO) -> list[CheckRes
         if mount is None:
             results.append(result(mount_check_name(path), FAIL, f"{path} is not mounted"))
         else:
+            judged = judge(posixpath.normpath(path), mount) if judge is not None else None
+            if judged is not None:
+                results.append(judged)
+                continue
             how = f"{mount.fstype}, read-only" if mount.read_only else mount.fstype
             results.append(result(mount_check_name(path), PASS, f"{path} is mounted ({how})"))
     return results

@@ -12,9 +12,10 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 from gpufleet.agent.checks.executables import CustomChecks
-from gpufleet.agent.checks.mounts import MOUNTINFO, check_mounts, mount_check_name
+from gpufleet.agent.checks.mounts import MOUNTINFO, Mount, check_mounts, mount_check_name
 from gpufleet.agent.checks.ports import MAX_CHECKS, WARN, result, valid_name
 from gpufleet.agent.checks.services import check_service, service_check_name
 from gpufleet.protocol.metrics import CheckResult
@@ -22,6 +23,14 @@ from gpufleet.protocol.metrics import CheckResult
 log = logging.getLogger(__name__)
 
 DEFAULT_CONCURRENCY = 4
+
+
+class MountJudge(Protocol):
+    """Gives a mounted required path a verdict of its own (agent.storage.checks.StorageChecks)."""
+
+    def judge(self, path: str, mount: Mount) -> CheckResult | None: ...
+
+
 CHECKS_BUDGET_BYTES = 32 * 1024  # half a channel message, leaving the rest for the sample's entities
 SHORT_MESSAGE_CHARS = 64
 
@@ -41,6 +50,7 @@ class HostChecks:
         enforce_owner: bool | None = None,
         systemctl: str = "systemctl",
         mountinfo: Path = MOUNTINFO,
+        storage: MountJudge | None = None,
     ) -> None:
         self.custom = CustomChecks(checks_dir, timeout_s=timeout_s, enforce_owner=enforce_owner)
         self.timeout_s = timeout_s
@@ -51,6 +61,7 @@ class HostChecks:
         self.concurrency = concurrency
         self.systemctl = systemctl
         self.mountinfo = mountinfo
+        self.storage = storage  # judges required shared mounts by probing them (agent.storage.checks)
 
     def run(self) -> list[CheckResult]:
         """Every check once: custom checks by name, then services and mounts in the order configured.
@@ -69,7 +80,7 @@ class HostChecks:
                     except Exception as exc:  # a bug in one check's handling must not cost the others
                         log.exception("check %s could not be judged", name)
                         results.append(result(name, WARN, f"check crashed: {type(exc).__name__}: {exc}"))
-        results += check_mounts(self.mounts, self.mountinfo)
+        results += check_mounts(self.mounts, self.mountinfo, self.storage.judge if self.storage else None)
         return fit(unique(results))
 
     def _service(self, unit: str) -> CheckResult:

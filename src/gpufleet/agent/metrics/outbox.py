@@ -163,7 +163,8 @@ class Outbox:
     def _split(self, sample: Sample) -> list[str]:
         """Parts of a sample too big for one message (64 GPUs and many ports): same `ts`, entities packed
         greedily by their serialised size. The node's checks and GPU jobs go whole in the first part (the
-        agent keeps checks to half a message, and GPU jobs are bounded to fit beside them)."""
+        agent keeps checks to half a message, and GPU jobs are bounded to fit beside them), its shared
+        mounts whole in the last."""
         budget = self._budget(_METRICS_HEAD)
         empty = len(Sample(ts=sample.ts, entities=[]).model_dump_json())
         checks, jobs = sample.checks, sample.gpu_jobs
@@ -177,6 +178,14 @@ class Outbox:
                 current, used, checks, jobs = [], empty, [], []
             current.append(entity)
             used += size
-        if current or checks or jobs:
-            parts.append(Sample(ts=sample.ts, entities=current, checks=checks, gpu_jobs=jobs).model_dump_json())
+        mounts = sample.mounts  # the shared file systems go in the last part, or one of their own
+        if mounts and (current or checks or jobs):
+            mounts_size = len(Sample(ts=sample.ts, entities=[], mounts=mounts).model_dump_json().encode()) - empty
+            if used + mounts_size > budget:
+                parts.append(Sample(ts=sample.ts, entities=current, checks=checks, gpu_jobs=jobs).model_dump_json())
+                current, checks, jobs = [], [], []
+        if current or checks or jobs or mounts:
+            parts.append(
+                Sample(ts=sample.ts, entities=current, checks=checks, gpu_jobs=jobs, mounts=mounts).model_dump_json()
+            )
         return parts

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpufleet.core.errors import GpufleetError
-from gpufleet.protocol.metrics import GpuJob, NodeEvent, Sample
+from gpufleet.protocol.metrics import GpuJob, MountInfo, NodeEvent, Sample
 
 # entity name ("gpu:0", "host", ...) -> metric name -> value
 EntityMap = dict[str, dict[str, float]]
@@ -23,12 +23,14 @@ class Collected:
     A problem is one line ("GPU 3: nvmlDeviceGetClockInfo: Unknown Error") for something that kept
     a few values out of this round but not the rest; the sampler reports each distinct one once.
     `gpu_jobs`: which workload manager's jobs hold which GPUs (the Slurm job map), sent with the sample.
+    `mounts`: the shared file systems the `fs:` entities are (agent.storage), sent with the sample.
     """
 
     entities: EntityMap = field(default_factory=dict)
     events: list[NodeEvent] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     gpu_jobs: list[GpuJob] = field(default_factory=list)
+    mounts: list[MountInfo] = field(default_factory=list)
 
 
 class Collector(Protocol):

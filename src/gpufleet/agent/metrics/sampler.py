@@ -20,8 +20,10 @@ from gpufleet.protocol.metrics import (
     MAX_ENTITIES_PER_SAMPLE,
     MAX_GPU_JOBS_PER_SAMPLE,
     MAX_METRICS_PER_ENTITY,
+    MAX_MOUNTS_PER_SAMPLE,
     EntityValues,
     GpuJob,
+    MountInfo,
     NodeEvent,
     Sample,
 )
@@ -47,6 +49,7 @@ class Sampler:
         entities: EntityMap = {}
         events: list[NodeEvent] = []
         gpu_jobs: list[GpuJob] = []
+        mounts: list[MountInfo] = []
         for collector in self.collectors:
             try:
                 collected = collector.collect()
@@ -57,6 +60,7 @@ class Sampler:
                 entities.setdefault(entity, {}).update(values)
             events.extend(collected.events)
             gpu_jobs.extend(collected.gpu_jobs)
+            mounts.extend(collected.mounts)
             for problem in collected.problems:
                 self._failed(collector.name, problem, events)
         host = entities.setdefault("host", {})
@@ -67,6 +71,8 @@ class Sampler:
         sample = self._sample(ts, entities, events)
         if gpu_jobs:  # already valid models: the collector built them
             sample = sample.model_copy(update={"gpu_jobs": gpu_jobs})
+        if mounts:
+            sample = sample.model_copy(update={"mounts": mounts[:MAX_MOUNTS_PER_SAMPLE]})
         return sample, events
 
     def _sample(self, ts: float, entities: EntityMap, events: list[NodeEvent]) -> Sample:

@@ -17,13 +17,16 @@ from gpufleet.api.dashboard import (
     gpu_map,
     images,
     jobs,
+    lifecycle,
     logs,
+    network,
     node_detail,
     nodes,
     overview,
     power,
     services,
     software,
+    storage,
     tasks,
 )
 
@@ -43,6 +46,9 @@ for _page in (
     software,
     images,
     power,
+    network,
+    storage,
+    lifecycle,
     tasks,
     admin,
 ):

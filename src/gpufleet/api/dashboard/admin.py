@@ -26,6 +26,8 @@ from gpufleet.auth.models import ApiToken, TokenKind
 from gpufleet.auth.policy import Permission
 from gpufleet.core.clock import to_datetime
 from gpufleet.core.errors import InvalidInput
+from gpufleet.directory import settings as directory_settings
+from gpufleet.directory import views as directory_views
 
 router = APIRouter(include_in_schema=False)
 
@@ -129,6 +131,8 @@ class UserRow:
     last_login: datetime | None  # the newest dashboard session's start
     tokens: int  # API tokens that still work
     sessions: int  # dashboard sessions that still work
+    source: str  # local, ldap or oidc
+    synced_at: datetime | None  # a directory user's last refresh from the directory
 
 
 def users_view(view: View) -> dict[str, Any]:
@@ -159,10 +163,19 @@ def users_view(view: View) -> dict[str, Any]:
             last_login=_utc(last_login.get(u.id)),
             tokens=counts.get((u.id, TokenKind.ADMIN), 0),
             sessions=counts.get((u.id, TokenKind.SESSION), 0),
+            source=u.source,
+            synced_at=u.synced_at,
         )
         for u in users.list_users(view.session)
     ]
-    return {"users": rows, "me": view.who.user}
+    settings = view.ctx.settings
+    directory = directory_views.status(
+        view.session,
+        identity_provider=settings.identity_provider,
+        sso=settings.oidc_issuer is not None,
+        mappings=directory_settings.mappings(settings),
+    )
+    return {"users": rows, "me": view.who.user, "directory": directory}
 
 
 def _utc(at: datetime | str | None) -> datetime | None:

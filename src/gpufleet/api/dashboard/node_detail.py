@@ -33,8 +33,10 @@ from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Gpu, Node, NodeTransition
 from gpufleet.inventory.schemas import SettingOut
 from gpufleet.jobs import artifacts
+from gpufleet.lifecycle import views as lifecycle
 from gpufleet.monitoring import node_series
 from gpufleet.monitoring.models import Alert
+from gpufleet.network import service as network
 
 router = APIRouter(include_in_schema=False)
 
@@ -193,6 +195,8 @@ def node_view(view: View, name: str) -> dict[str, Any]:
         "charts": GPU_CHARTS,
         "settings": node_settings(view.session, node),
         "cache": artifacts.node_cache(view.session, node.id),
+        "burnin": lifecycle.node_burnin(view.session, node),
+        "links": network.node_links(view.session, node.id),
     }
 
 

@@ -36,6 +36,8 @@ from gpufleet.core.errors import (
 )
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
+from gpufleet.network import service as network
+from gpufleet.lifecycle import burnin
 from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.artifacts import NodeCache
 from gpufleet.protocol.bounds import plausible_time, storable_time, without_nul
@@ -91,10 +93,15 @@ def join(body: JoinRequest, request: Request, ctx: Ctx) -> JoinResponse:
         node = inventory.join(db, ctx.clock, body.name)
         if body.inventory is not None:
             try:
-                inventory.apply_inventory(db, ctx.clock, node, body.inventory)
+                if inventory.apply_inventory(db, ctx.clock, node, body.inventory):
+                    network.record_neighbors(db, ctx.clock, node.id, body.inventory.neighbors)
             except Conflict as exc:  # another live node's GPU or hostname: the audit record says whose
                 request.state.audit_target = f"{body.name}: {exc}"
                 raise
+        if ctx.settings.burnin_admission:  # a new node takes no work before it passes the profile
+            dirs = burnin.profile_dirs(ctx.settings.data_dir, ctx.settings.burnin_profiles_dir)
+            workload = ctx.monitoring.judge.workload
+            burnin.admit_on_join(db, ctx.clock, workload, node, ctx.settings.burnin_admission, dirs)
         credential = auth.issue_node_credential(db, ctx.clock, node.id, node.name)
     return JoinResponse(
         node_id=node.id,
@@ -122,7 +129,8 @@ async def put_inventory(
             raise Unauthorized("not a node credential")
         try:
             with transaction(ctx.sessions) as session:
-                inventory.report_inventory(session, ctx.clock, caller.node_id, report)
+                if inventory.report_inventory(session, ctx.clock, caller.node_id, report):
+                    network.record_neighbors(session, ctx.clock, caller.node_id, report.neighbors)
         except NotFound:
             raise Unauthorized("node no longer exists") from None
         except Conflict as exc:  # another live node's GPU or hostname: the audit record says whose
@@ -425,6 +433,9 @@ async def _record(ctx: Ctx, chan: Channel, message: JobUpdate | JobHeld | NodeCa
 @router.get(
     "/accounts",
     response_model=AccountList,
+    # An account without a home of its own is sent without the field, as before it existed: an agent older
+    # than the field (its Account forbids unknown keys) still reads the list.
+    response_model_exclude_none=True,
     responses={304: {"description": "not modified: the accounts still have the version named in If-None-Match"}},
 )
 def get_accounts(

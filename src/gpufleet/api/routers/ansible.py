@@ -82,11 +82,5 @@ def start_run(body: RunIn, request: Request, who: Run, ctx: Ctx) -> TaskOut:
         task = ansible.create_run(db, ctx.clock, plan, created_by=who.actor)
         out = TaskOut.of(task)
         request.state.audit_target = f"task {out.id}: {_target(plan)}"
-    settings = ansible.RunnerSettings(
-        runs_dir=ctx.settings.data_dir / "ansible",
-        timeout_s=ctx.settings.ansible_timeout_s,
-        task_timeout_s=ctx.settings.ansible_task_timeout_s,
-        forks=ctx.settings.ansible_forks,
-    )
-    ctx.tasks.start(out.id, ansible.work(plan, settings), out.params)
+    ctx.tasks.start(out.id, ansible.work(plan, ansible.RunnerSettings.of(ctx.settings)), out.params)
     return out

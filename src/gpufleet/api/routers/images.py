@@ -364,39 +364,21 @@ def sync_nodes(body: SyncIn, request: Request, who: Write, ctx: Ctx) -> TaskOut:
     with tx(ctx) as db:
         found = _nodes(db, body.nodes, body.category)
         plans = _plan(db, ctx, found, body.image, body.target)
-        images.hold(db, [p.image for p in plans])  # none may change or go while the sync reads them
-        task = tasks.create(
-            db,
-            ctx.clock,
-            kind="image.sync-dry-run" if body.dry_run else "image.sync",
-            targets=[p.node for p in plans],
-            params={
-                "images": sorted({p.image for p in plans}),
-                "dry_run": body.dry_run,
-                "limit": limit,
-                "targets": {p.node: p.target for p in plans},
-            },
-            created_by=who.actor,
-        )
+        task = sync.create_task(db, ctx.clock, plans, dry_run=body.dry_run, limit=limit, actor=who.actor)
         out = TaskOut.of(task)
         shown = hostlist.collect([p.node for p in plans])
         request.state.audit_target = f"task {out.id}: {'dry run of ' if body.dry_run else ''}image sync {shown}"[:400]
-    sessions, clock = ctx.sessions, ctx.clock
-
-    def work(task_ctx: TaskContext) -> str:
-        return sync.run_sync(
-            task_ctx,
-            sessions,
-            clock,
-            runner,
-            image_config,
-            config,
-            plans=plans,
-            dry_run=body.dry_run,
-            limit=limit,
-            actor=who.actor,
-        )
-
+    work = sync.work(
+        ctx.sessions,
+        ctx.clock,
+        runner,
+        image_config,
+        config,
+        plans=plans,
+        dry_run=body.dry_run,
+        limit=limit,
+        actor=who.actor,
+    )
     return _start(ctx, out, work)
 
 

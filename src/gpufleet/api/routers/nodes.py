@@ -15,6 +15,8 @@ from gpufleet.auth.schemas import Principal
 from gpufleet.inventory import listing
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.schemas import GpuOut, NodeClone, NodeDetail, NodeOut, NodesCreate, NodeSettings
+from gpufleet.lifecycle import burnin
+from gpufleet.lifecycle.schemas import BurnInOut
 from gpufleet.power import service as power
 from gpufleet.protocol.messages import CLOSE_NODE_GONE
 from gpufleet.provisioning import networks
@@ -111,6 +113,10 @@ def show_node(name: str, _: Annotated[Principal, allow(Permission.NODES_READ)], 
         detail = inventory.to_detail(db, node)
         detail.settings["health_policy"] = health_policy_setting(db, node.category)
         detail.power_state = power.power_states(db, [node.id]).get(node.id)
+        detail.hold = node.hold
+        latest = burnin.latest_runs(db, [node.id]).get(node.id)
+        if latest is not None:
+            detail.burn_in = BurnInOut.of(latest).model_dump(mode="json")
         return detail
 
 

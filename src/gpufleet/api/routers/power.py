@@ -13,12 +13,10 @@ from gpufleet.api.deps import Ctx, allow, tx
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.core import hostlist
+from gpufleet.core.credentials import CredentialBox, head_box
 from gpufleet.core.errors import InvalidInput
 from gpufleet.power import service as power
-from gpufleet.power.credentials import CredentialBox, box_for
 from gpufleet.power.schemas import BmcIn, BmcOut, NodePowerOut, PlanIn, PowerAction, PowerPlanOut, PowerRequest
-from gpufleet.tasks import service as tasks
-from gpufleet.tasks.runner import TaskContext
 from gpufleet.tasks.schemas import TaskOut
 
 router = APIRouter(tags=["power"])
@@ -28,7 +26,7 @@ Write = Annotated[Principal, allow(Permission.POWER_WRITE)]
 
 
 def _box(ctx: HeadContext) -> CredentialBox:
-    return box_for(power.key_file(ctx.settings))
+    return head_box(ctx.settings)
 
 
 def _connect(request: Request, settings: power.PowerSettings) -> power.Connect:
@@ -112,23 +110,12 @@ def _start(request: Request, ctx: HeadContext, who: Principal, action: PowerActi
     settings = power.power_settings(ctx.settings)
     with tx(ctx) as db:
         found = _plan(db, ctx, action, body)
-        task = tasks.create(
-            db,
-            ctx.clock,
-            kind=f"power.{action.value}",
-            targets=found.nodes,
-            params=found.params(),
-            created_by=who.actor,
-        )
-        out = TaskOut.of(task)
+        out = TaskOut.of(power.create_task(db, ctx.clock, found, who.actor))
         forced = f" (forced over jobs on {hostlist.collect(sorted(found.forced))})" if found.forced else ""
         request.state.audit_target = f"task {out.id}: power {action.value} {hostlist.collect(found.nodes)}{forced}"
-    connect = _connect(request, settings)
-    sessions, clock = ctx.sessions, ctx.clock
-
-    def work(task_ctx: TaskContext) -> str:
-        return power.run(task_ctx, found, sessions=sessions, clock=clock, settings=settings, connect=connect)
-
+    work = power.work(
+        found, sessions=ctx.sessions, clock=ctx.clock, settings=settings, connect=_connect(request, settings)
+    )
     ctx.tasks.start(out.id, work, out.params)
     return out
 

@@ -7,6 +7,7 @@ Outside `/api/v1` because that is where Prometheus looks by default; authenticat
 from __future__ import annotations
 
 import gzip
+import itertools
 from typing import Annotated
 
 from fastapi import APIRouter, Request
@@ -15,7 +16,9 @@ from fastapi.responses import Response
 from gpufleet.api.deps import Ctx, allow
 from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
+from gpufleet.core.db import transaction
 from gpufleet.monitoring.prometheus import FleetCollector
+from gpufleet.network.prometheus import switch_metrics
 from gpufleet.prometheus.exposition import CONTENT_TYPE, render
 
 router = APIRouter()
@@ -24,8 +27,12 @@ router = APIRouter()
 @router.get("/metrics", include_in_schema=False)
 def metrics(request: Request, _: Annotated[Principal, allow(Permission.METRICS_READ)], ctx: Ctx) -> Response:
     """What this replica knows: every node's state from the database, the GPUs of the nodes whose
-    channels it holds (scrape every replica). Raises Unavailable when the database does not answer."""
-    body = render(FleetCollector(ctx.sessions, ctx.monitoring.tracker).collect())
+    channels it holds (scrape every replica), and the switches' ports as the leader last polled them.
+    Raises Unavailable when the database does not answer."""
+    fleet = FleetCollector(ctx.sessions, ctx.monitoring.tracker).collect()
+    with transaction(ctx.sessions, readonly=True) as session:
+        switches = switch_metrics(session)
+    body = render(itertools.chain(fleet, switches))
     headers = {"Vary": "Accept-Encoding"}
     if "gzip" in request.headers.get("accept-encoding", ""):
         # Prometheus asks for gzip. A thousand 8-GPU nodes are about 50 MB of text and 2 MB gzipped,

@@ -38,7 +38,10 @@ def password_login(body: PasswordLogin, ctx: Ctx, request: Request) -> UserToken
     source = request.client.host if request.client else ""
     password = body.password.get_secret_value()
     with tx(ctx, readonly=True) as db:  # argon2 is slow: never inside the write lock
-        username = identity.password_login(db, ctx.identity, ctx.throttle, body.username, password, source).username
+        proven = identity.password_login(db, ctx.identity, ctx.throttle, body.username, password, source)
+    username, note = proven.username, ctx.identity.note(proven)
+    if note:
+        request.state.audit_target = f"user {username} ({note})"
     with tx(ctx) as db:
         token, row = auth.create_user_token(db, ctx.clock, users.get_user(db, username), body.expires_in_s, body.scope)
         request.state.actor = f"user:{username}"  # before the block ends: the record is in this transaction

@@ -27,12 +27,13 @@ router = APIRouter(include_in_schema=False)
 LOGIN_CSRF_COOKIE = "gpufleet_login_csrf"
 
 
-def _form(request: Request, error: str | None = None, status_code: int = 200, username: str = "") -> Response:
+def login_page(request: Request, error: str | None = None, status_code: int = 200, username: str = "") -> Response:
     csrf = _secrets.token_urlsafe(24)
     response = TEMPLATES.TemplateResponse(
         request,
         "login.html",
-        {"error": error, "csrf": csrf, "username": username},
+        # The single sign-on button: the app's context says whether a provider is configured.
+        {"error": error, "csrf": csrf, "username": username, "sso": request.app.state.ctx.oidc is not None},
         status_code=status_code,
         headers={"Cache-Control": "no-store"},
     )
@@ -44,7 +45,7 @@ def _form(request: Request, error: str | None = None, status_code: int = 200, us
 
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request) -> Response:
-    return _form(request)
+    return login_page(request)
 
 
 @router.post("/login", response_class=HTMLResponse)
@@ -58,21 +59,24 @@ def login(
     request.state.audit_target = f"user {username}"
     expected = request.cookies.get(LOGIN_CSRF_COOKIE) or ""
     if not expected or not secrets.same(csrf, expected):
-        return _form(request, "the login form expired; please try again", 403, username)
+        return login_page(request, "the login form expired; please try again", 403, username)
     source = request.client.host if request.client else ""
     try:
         # Checked in a read-only transaction: argon2 takes a while, and must not hold the write lock.
         with tx(ctx, readonly=True) as db:
-            username = password_login(db, ctx.identity, ctx.throttle, username, password, source).username
+            proven = password_login(db, ctx.identity, ctx.throttle, username, password, source)
+        username, note = proven.username, ctx.identity.note(proven)
+        if note:
+            request.state.audit_target = f"user {username} ({note})"
         with tx(ctx) as db:
             user = users.get_user(db, username)
             session_secret = auth.create_web_session(db, ctx.clock, user, ctx.settings.web_session_ttl_s)
     except TooManyRequests as exc:
-        response = _form(request, str(exc), 429, username)
+        response = login_page(request, str(exc), 429, username)
         response.headers["Retry-After"] = str(int(exc.retry_after_s) + 1)
         return response
     except GpufleetError as exc:
-        return _form(request, str(exc), exc.http_status, username)
+        return login_page(request, str(exc), exc.http_status, username)
     request.state.actor = f"user:{username}"
     response = RedirectResponse("/", status_code=303)
     response.delete_cookie(LOGIN_CSRF_COOKIE)

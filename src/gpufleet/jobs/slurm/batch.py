@@ -4,7 +4,8 @@ The request maps onto sbatch's options one for one: nodes → `--nodes` (one tas
 ranks), GPUs per node → `--gres=gpu:N`, CPUs → `--cpus-per-task`, memory → `--mem` (MiB), time limit →
 `--time` (whole minutes, rounded up: Slurm has no seconds), project → `--account`, category →
 `--partition` when the site's partitions follow categories (else `slurm_partition`), requeue →
-`--requeue`/`--no-requeue`. The job's name and `--comment=gpufleet:<id>` let gpufleet find it again.
+`--requeue`/`--no-requeue`. The job's name and `--comment=gpufleet:<id>:<stamp>` (`queue.job_comment`)
+let gpufleet find it again.
 
 The script: the job's own script (a `#!/bin/sh` line added when it has none), or `exec` of its argv.
 The job's environment goes through sbatch itself: its variables (and a standard PATH unless it sets one, as
@@ -14,7 +15,7 @@ language the script is in. The head's own environment never reaches the job. Slu
 (SLURM_*, CUDA_VISIBLE_DEVICES for the job's GPUs).
 
 A job array is one sbatch: `--array=<task ids>%<throttle>` (the task ids gpufleet chose, which are Slurm's
-own: SLURM_ARRAY_TASK_ID is the task's GPUFLEET_ARRAY_TASK_ID), `--comment=gpufleet:<array job id>`, and
+own: SLURM_ARRAY_TASK_ID is the task's GPUFLEET_ARRAY_TASK_ID), `--comment=gpufleet:<array job id>:<stamp>`, and
 the output in `gpufleet-<array>_<task>.out`. The variables all tasks share (GPUFLEET_ARRAY_JOB_ID, which is
 gpufleet's array id, _COUNT, _MIN, _MAX, and the job's own) go through `--export` as above; the task id
 cannot, being different in each task. A shell script gpufleet writes (a command's `exec`, a script with no
@@ -35,7 +36,7 @@ from pathlib import Path
 from gpufleet.core.errors import InvalidInput
 from gpufleet.jobs import arrays
 from gpufleet.jobs.models import Job
-from gpufleet.jobs.slurm.queue import GPUFLEET_COMMENT
+from gpufleet.jobs.slurm.queue import job_comment
 from gpufleet.protocol.jobs import DEFAULT_PATH
 
 SHELL = "#!/bin/sh"  # as the built-in executor runs scripts without a #! line
@@ -128,7 +129,7 @@ def sbatch_argv(
         "sbatch",
         "--parsable",
         f"--job-name={job.name or 'gpufleet'}",
-        f"--comment={GPUFLEET_COMMENT}{job.array_job_id if array else job.id}",
+        f"--comment={job_comment(job.id if job.array_job_id is None else job.array_job_id, job.submitted_at)}",
         f"--nodes={job.nodes}",
         "--ntasks-per-node=1",
         f"--time={max(1, math.ceil(job.time_limit_s / 60))}",

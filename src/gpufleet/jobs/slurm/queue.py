@@ -11,9 +11,12 @@ between versions are all read:
   {"id": ..}} (23.11 and later);
 - `gres_detail`: per node, in `nodes` order, "gpu:TYPE:N(IDX:0-1,3)" or "gpu:N(IDX:..)".
 
-A job submitted through gpufleet carries `--comment=gpufleet:<id>` (`GPUFLEET_COMMENT`), which is how a
+A job submitted through gpufleet carries `--comment=gpufleet:<id>:<stamp>` (`job_comment`), which is how a
 gpufleet job is found in Slurm again (after a lost answer from sbatch, or a restart of the head). A job
-array carries its array job id there (gpufleet's, the first task's row id) on every task.
+array carries its array job id there (gpufleet's, the first task's row id) on every task. The stamp (the
+microsecond the row was submitted) tells this database's job 7 from another's job 7 on the same Slurm: a
+second head's, or this one's before its database was reset. Comments of the older `gpufleet:<id>` form are
+still read.
 
 Job arrays (checked on 22.05.8): a task that has started (or ended) is a record of its own, with its own
 `job_id` and its array's `array_job_id` and `array_task_id`; its name in Slurm is `<array_job_id>_<task>`
@@ -28,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpufleet.core import hostlist
@@ -38,6 +41,8 @@ from gpufleet.jobs.slurm.nodes import json_document
 
 SQUEUE_JSON = ("squeue", "--json", "--states=all")
 GPUFLEET_COMMENT = "gpufleet:"
+_COMMENT = re.compile(r"gpufleet:(\d+)(?::\d+)?")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # Slurm's job states (job_state_string) → gpufleet's. Anything not here counts as running: the job holds
 # its nodes (CONFIGURING, COMPLETING, SUSPENDED, STAGE_OUT, SIGNALING, RESIZING...).
@@ -147,10 +152,14 @@ class SlurmJob:
     @property
     def gpufleet_id(self) -> int | None:
         """The gpufleet job this is, when it was submitted through gpufleet."""
-        comment = self.comment or ""
-        if comment.startswith(GPUFLEET_COMMENT) and comment[len(GPUFLEET_COMMENT) :].isdigit():
-            return int(comment[len(GPUFLEET_COMMENT) :])
-        return None
+        found = _COMMENT.fullmatch(self.comment or "")
+        return int(found.group(1)) if found else None
+
+
+def job_comment(job_id: int, submitted_at: datetime) -> str:
+    """The `--comment` gpufleet gives the sbatch of `job_id` (an array's: its array job id) whose row was
+    submitted at `submitted_at` (aware): `gpufleet:<id>:<microseconds since the epoch>`, exact integers."""
+    return f"{GPUFLEET_COMMENT}{job_id}:{(submitted_at - _EPOCH) // timedelta(microseconds=1)}"
 
 
 def _number(value: Any) -> float | None:

@@ -5,7 +5,7 @@ Slurm's programs run outside any database transaction (they take tens of millise
 slurmctld is slow); the pass writes what they said in one short transaction at the end.
 
 1. Jobs submitted through gpufleet and not yet in Slurm (`backend = "slurm"`, no `external_id`) are
-   found in `squeue` by their `--comment=gpufleet:<id>` (an earlier sbatch whose answer was lost) or
+   found in `squeue` by their `--comment` (`queue.job_comment`: an earlier sbatch whose answer was lost) or
    submitted with `sbatch`. Slurm refusing one fails it with Slurm's message; Slurm unreachable leaves it
    pending, saying so, for the next pass.
 2. Every job Slurm lists updates its row: state, Slurm's pending reason, nodes and GPU indexes, times,
@@ -59,7 +59,14 @@ from gpufleet.jobs.slurm.history import parse_sacct_end
 from gpufleet.jobs.slurm.job_rows import BACKEND, SUBMITTED_BY_SLURM
 from gpufleet.jobs.slurm.manager import SlurmWorkloadManager
 from gpufleet.jobs.slurm.node_mirror import NodeRow
-from gpufleet.jobs.slurm.queue import SQUEUE_JSON, SlurmJob, parse_squeue_json, split_task_name, task_name
+from gpufleet.jobs.slurm.queue import (
+    SQUEUE_JSON,
+    SlurmJob,
+    job_comment,
+    parse_squeue_json,
+    split_task_name,
+    task_name,
+)
 
 log = logging.getLogger(__name__)
 MAX_SUBMITS_PER_PASS = 200  # sbatch runs (a job, or a whole array): a burst spreads over passes
@@ -101,8 +108,13 @@ class _Pending:
 
     @property
     def comment_id(self) -> int:
-        """The id in its --comment=gpufleet:<id>."""
+        """The id in its --comment=gpufleet:<id>:<stamp>."""
         return self.job_id if self.array_job_id is None else self.array_job_id
+
+    @property
+    def comment(self) -> str:
+        """Its whole `--comment`, as `sbatch_argv` gave it from the same row."""
+        return job_comment(self.comment_id, self.submitted_at)
 
     @property
     def rows(self) -> list[int]:
@@ -195,7 +207,7 @@ class SlurmSync:
             return result
         listed = _by_comment(queue)
         for job in pending:
-            self._submit(job, listed.get((job.comment_id, job.array_job_id is not None)), result)
+            self._submit(job, listed.get((job.comment, job.array_job_id is not None)), result)
             if result.problem:
                 break
         seen = self._read(queue)
@@ -284,7 +296,7 @@ class SlurmSync:
         if job.refusal is not None:
             result.refused.update(dict.fromkeys(job.rows, job.refusal))
             return
-        if listed is not None and listed.user == job.user and _not_before(listed.submitted_at, job.submitted_at):
+        if listed is not None and listed.user == job.user:
             _submitted(job, listed.array_job_id or listed.job_id, result)  # submitted before; sbatch's answer was lost
             return
         if job.argv is None or job.script is None:  # only with a refusal, handled above
@@ -386,13 +398,6 @@ class SlurmSync:
                     job.ended_at = ended
 
 
-def _not_before(slurm_time: datetime | None, row_time: datetime) -> bool:
-    """Whether Slurm's submit time can be that of this row's sbatch: not before the row existed. A job
-    with the same comment submitted earlier belongs to another gpufleet database (or one since reset).
-    Slurm's times are whole seconds, hence the second's slack."""
-    return slurm_time is not None and slurm_time.timestamp() >= row_time.timestamp() - 1.0
-
-
 def _match(rows: list[_Row], slurm: SlurmJob) -> _Row | None:
     """The row for this Slurm job. Job ids restart after a clean slurmctld start, so an id alone is not
     enough: a gpufleet job's row is the one the comment names (an array task's: a task of the array it
@@ -411,10 +416,12 @@ def _comment_id(row: _Row, slurm: SlurmJob) -> int | None:
     return row.array_job_id if slurm.array_job_id is not None else row.id
 
 
-def _by_comment(queue: list[SlurmJob]) -> dict[tuple[int, bool], SlurmJob]:
-    """Slurm's jobs by (the gpufleet id in their comment, whether an array): where an sbatch whose answer was
-    lost is found. Any record of an array names the array (its array job id)."""
-    return {(j.gpufleet_id, j.array_job_id is not None): j for j in queue if j.gpufleet_id is not None}
+def _by_comment(queue: list[SlurmJob]) -> dict[tuple[str, bool], SlurmJob]:
+    """gpufleet's jobs in Slurm by (their whole comment, whether an array): where an sbatch whose answer was
+    lost is found. The comment's stamp, not Slurm's submit time, tells this row's sbatch from another
+    database's job with the same id: one submitted in the same second was once taken for it, and the row
+    followed that job to its end without ever running. Any record of an array names the array."""
+    return {(j.comment or "", j.array_job_id is not None): j for j in queue if j.gpufleet_id is not None}
 
 
 def _submitted(job: _Pending, slurm_id: str, result: SyncResult) -> None:

@@ -1,8 +1,11 @@
-"""BMC passwords sealed at rest: Fernet (AES-128-CBC with HMAC-SHA256) under a key kept in a file.
+"""Device secrets sealed at rest (BMC passwords, switches' SNMP communities and keys): Fernet (AES-128-CBC
+with HMAC-SHA256) under a key kept in a file, `bmc_key_file` (data_dir/bmc.key by default; the name
+predates switches).
 
 The key file holds one Fernet key per line. The first line seals; every line opens, so a key is
-rotated by putting a new one first, re-saving the BMCs (`gpufleet bmc set`), then dropping the old
-line. The database alone (a dump, a backup, a replica's disk) therefore never yields a password.
+rotated by putting a new one first, re-saving the BMCs and switches (`gpufleet bmc set`, `gpufleet switch
+add`), then dropping the old line. The database alone (a dump, a backup, a replica's disk) therefore never
+yields a secret.
 Head replicas must share the same key file: copy it to each (mode 0600, owned by the service user).
 The file is created with mode 0600 on first use, atomically, so two replicas starting at once on a
 shared directory cannot end up with different keys.
@@ -17,10 +20,16 @@ from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
+from gpufleet.core.config import Settings
 from gpufleet.core.errors import ConfigError, Conflict
 
 _BOXES: dict[Path, CredentialBox] = {}
 _BOXES_LOCK = threading.Lock()
+
+
+def head_box(settings: Settings) -> CredentialBox:
+    """The box of this head's key file (`bmc_key_file`, else data_dir/bmc.key)."""
+    return box_for(settings.bmc_key_file or settings.data_dir / "bmc.key")
 
 
 def box_for(path: Path) -> CredentialBox:
@@ -36,15 +45,15 @@ def box_for(path: Path) -> CredentialBox:
 
 
 class CredentialBox:
-    """Seals and opens BMC passwords with the head's keys."""
+    """Seals and opens device secrets with the head's keys."""
 
     def __init__(self, keys: list[bytes]) -> None:
         if not keys:
-            raise ConfigError("the BMC key file holds no key")
+            raise ConfigError("the key file (bmc_key_file) holds no key")
         try:
             self._fernet = MultiFernet([Fernet(k) for k in keys])
         except ValueError:
-            raise ConfigError("the BMC key file holds a line that is not a Fernet key") from None
+            raise ConfigError("the key file (bmc_key_file) holds a line that is not a Fernet key") from None
 
     @classmethod
     def generate(cls) -> CredentialBox:
@@ -64,7 +73,7 @@ class CredentialBox:
                 raise ConfigError(f"{path} is readable by others (mode {mode & 0o777:o}): chmod 600 it")
             lines = path.read_bytes().split()
         except OSError as exc:
-            raise ConfigError(f"cannot use the BMC key file {path}: {exc.strerror or exc}") from None
+            raise ConfigError(f"cannot use the key file {path}: {exc.strerror or exc}") from None
         return cls([line.strip() for line in lines if line.strip()])
 
     def seal(self, password: str) -> str:
@@ -76,8 +85,8 @@ class CredentialBox:
             return self._fernet.decrypt(sealed.encode("ascii")).decode()
         except (InvalidToken, UnicodeError):
             raise Conflict(
-                "the BMC password cannot be decrypted with this head's key file "
-                "(replicas must share it; after a lost key, set the BMC's credentials again)"
+                "the stored secret cannot be decrypted with this head's key file "
+                "(replicas must share it; after a lost key, set the BMC's or switch's credentials again)"
             ) from None
 
 

@@ -1,0 +1,2 @@
+"""Where this node is plugged: LLDP neighbours from lldpd (`lldp`) and the InfiniBand fabric from
+`ibnetdiscover` (`ibnet`)."""
