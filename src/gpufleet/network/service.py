@@ -5,9 +5,11 @@ leader's loop in `workers.network_loops`; `record_poll` writes one switch's poll
 
 Topology: a switch port's node is found from either side. The switch's LLDP-MIB names the system behind
 the port (a node's lldpd announces its host name), or a node's own lldpd names the switch (its sysName or
-chassis) and the switch's port. Either is enough; both agreeing is the common case. A node found behind a
-switch gets the topology label `switch` (which the scheduler uses to keep a job's nodes under one leaf)
-unless an admin set that label to something that is not a registered switch.
+chassis) and the switch's port. Either is enough; both agreeing is the common case. A port where neither
+says anything keeps the node last found there (LLDP ends with the link, and a port gone down must still say
+whose link it was) until someone else is heard on it or that node's interface is found behind another port.
+A node found behind a switch gets the topology label `switch` (which the scheduler uses to keep a job's nodes
+under one leaf) unless an admin set that label to something that is not a registered switch.
 """
 
 from __future__ import annotations
@@ -150,6 +152,14 @@ def record_poll(
         if node is None and remote is not None:
             node = _node_named(session, remote.system_name)
             interface = remote.port_description or remote.port_id
+        if node is None and remote is None and port.node_id is not None and not _moved(session, port):
+            # Nothing heard behind the port this time: it keeps the node last found there. LLDP stops with
+            # the link (the node's lldpd and the switch's forget each other within seconds, often before a
+            # poll sees the port down), but the cable and the node are where they were, and the port's alert
+            # must say whose link it is. Someone else heard on the port, or the node's interface found
+            # behind another port (moved), ends it.
+            node = session.get(Node, port.node_id)
+            interface = port.node_interface
         port.node_id = node.id if node is not None else None
         port.node_interface = _cut(interface, 64) if node is not None else None
         if node is not None:
@@ -334,6 +344,16 @@ def _nodes_behind(session: Session, switch: Switch, reading: SwitchReading) -> d
                 found.setdefault(said, (node, neighbor.interface))
                 break
     return found
+
+
+def _moved(session: Session, port: SwitchPort) -> bool:
+    """Whether the node's interface last found behind `port` is now found behind another port."""
+    elsewhere = select(SwitchPort.id).where(
+        SwitchPort.id != port.id,
+        SwitchPort.node_id == port.node_id,
+        SwitchPort.node_interface == port.node_interface,
+    )
+    return session.scalar(elsewhere.limit(1)) is not None
 
 
 def _label(session: Session, node: Node, switch_name: str) -> None:
