@@ -5,6 +5,7 @@ containers (podman and bubblewrap, installed by scripts/services/containers.sh).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import pwd
 import shutil
@@ -37,7 +38,8 @@ from tests.services import require_tool
 
 GRACE_S = 0.5
 IMAGE = "localhost/gpufleet/busybox:test"
-_job_ids = iter(range(1, 1_000_000))
+# Per process: the xdist workers share podman's storage, where a container's name holds its job id.
+_job_ids = itertools.count(1 + (os.getpid() % 100_000) * 10_000)
 
 
 def launch(**fields: Any) -> JobStart:
@@ -668,15 +670,17 @@ def test_podman_cancel_and_time_limit_stop_the_container(
     marker = open_dir / "up"
     start = launch(container=IMAGE, script=f"echo up > {marker}; trap '' TERM; sleep 300", workdir=str(open_dir))
 
+    limited = launch(container=IMAGE, argv=["sleep", "300"], time_limit_s=1)
+
     cancelled = run(podman_executor, start, cancel_when=marker)
-    timed_out = run(podman_executor, launch(container=IMAGE, argv=["sleep", "300"], time_limit_s=1))
+    timed_out = run(podman_executor, limited)
 
     assert cancelled.result.outcome == "cancelled"
     assert timed_out.result.outcome == "timeout"
     assert cancelled.seconds < 1 + GRACE_S + 10
+    # Only this test's containers: the other xdist worker may be running its own in the same storage.
     names = podman_names(container_setup)
-    assert f"gpufleet-{start.job_id}-1-0" not in names
-    assert not any(name.startswith("gpufleet-") for name in names)
+    assert not [n for n in names if n.startswith((f"gpufleet-{start.job_id}-", f"gpufleet-{limited.job_id}-"))]
 
 
 def test_podman_failing_to_start_a_container_is_an_error(podman_executor: ProcessExecutor) -> None:

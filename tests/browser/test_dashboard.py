@@ -69,8 +69,8 @@ def test_operator_sees_a_fault_drains_resumes_acknowledges_and_logs_out(cluster:
     expect(page.get_by_role("navigation", name="Main").get_by_role("link")).to_have_text(
         [
             *("Overview", "Nodes", "GPU map", "Categories", "Jobs", "Environments", "Models", "Datasets"),
-            *("Services", "Alerts", "Logs", "Software", "Images", "Power", "Burn-in", "Maintenance"),
-            *("Tasks", "Projects"),
+            *("Services", "Alerts", "Logs", "Software", "Images", "Power", "Network", "Storage"),
+            *("Burn-in", "Maintenance", "Tasks", "Projects"),
         ]
     )
     expect(page.locator("#nodes-up .value")).to_have_text(str(NODES))

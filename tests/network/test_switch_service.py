@@ -234,7 +234,8 @@ def test_the_nodes_own_lldp_finds_it_behind_a_port_and_an_admins_label_stays(
             local_interface="eth0", chassis_id="0c:42:a1:00:00:01", system_name="leaf01", port_id="Ethernet1"
         )
         network.record_neighbors(s, clock, gpu001, [seen])
-        network.record_neighbors(s, clock, gpu002, [replace(seen, local_interface="eth1", port_id="Ethernet2")])
+        moved = seen.model_copy(update={"local_interface": "eth1", "port_id": "Ethernet2"})
+        network.record_neighbors(s, clock, gpu002, [moved])
     record(sessions, clock, switch, network.Poll(reading(port(1, "Ethernet1"), port(2, "Ethernet2"))))
     with transaction(sessions, readonly=True) as s:
         assert [(p.name, p.node, p.node_interface) for p in network.switch_detail(s, "leaf01").ports] == [

@@ -3,8 +3,9 @@ with HMAC-SHA256) under a key kept in a file, `bmc_key_file` (data_dir/bmc.key b
 predates switches).
 
 The key file holds one Fernet key per line. The first line seals; every line opens, so a key is
-rotated by putting a new one first, re-saving the BMCs and switches (`gpufleet bmc set`, `gpufleet switch
-add`), then dropping the old line. The database alone (a dump, a backup, a replica's disk) therefore never
+rotated by putting a new one first, re-saving the BMCs (`gpufleet bmc set`) and the switches (`gpufleet
+switch remove`, then `add`: a switch cannot be re-saved in place, so its rates start afresh), then dropping
+the old line. The database alone (a dump, a backup, a replica's disk) therefore never
 yields a secret.
 Head replicas must share the same key file: copy it to each (mode 0600, owned by the service user).
 The file is created with mode 0600 on first use, atomically, so two replicas starting at once on a

@@ -12,7 +12,7 @@ from gpufleet.core.db import Base, UTCDateTime
 
 class Bmc(Base):
     """One node's baseboard management controller. The password is stored only sealed
-    (`power.credentials`: Fernet with the head's key file), never in the clear, and never returned."""
+    (`core.credentials`: Fernet with the head's key file), never in the clear, and never returned."""
 
     __tablename__ = "bmcs"
 

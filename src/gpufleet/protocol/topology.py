@@ -6,7 +6,7 @@ also speaks), read from `lldpctl -f json`; it travels in the node's inventory (`
 `IbFabric`: an InfiniBand fabric as `ibnetdiscover` describes it: switches, channel adapters (HCAs) and
 the links between their ports. One fabric is the same for every node on it and can be large (a
 10,000-GPU fabric has some 10,000 HCAs and 30,000 links), so it does not travel in each node's
-inventory: one agent sends it on its own (docs/network.md).
+inventory. The agent reads it (`agent.topology.ibnet`); the head does not take it yet (docs/network.md).
 
 The bounds are the protocols' own: IEEE 802.1AB caps an LLDP chassis or port ID, system name, system
 description and port description at 255 octets; an InfiniBand NodeDescription is 64 bytes, a LID 16 bits,

@@ -77,14 +77,17 @@ class TaskContext:
         next_start = [0.0]
 
         def one(target: str) -> None:
-            if stagger_s > 0:
-                with gate:  # starts are spaced even when many workers are free at once
-                    wait = next_start[0] - time.monotonic()
-                    if wait > 0:
-                        self._sleep(wait)
-                    next_start[0] = time.monotonic() + stagger_s
             try:
                 self.running(target)
+                if stagger_s > 0:
+                    # Starts are spaced even when many workers are free at once. `fn` follows the gate
+                    # directly (the database write above comes first) so its calls, the power-ons
+                    # themselves, are the ones spaced, however slow that write is.
+                    with gate:
+                        wait = next_start[0] - time.monotonic()
+                        if wait > 0:
+                            self._sleep(wait)
+                        next_start[0] = time.monotonic() + stagger_s
                 result = fn(target)
             except GpufleetError as exc:
                 result = TargetResult(False, str(exc))

@@ -36,8 +36,8 @@ from gpufleet.core.errors import (
 )
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
-from gpufleet.network import service as network
 from gpufleet.lifecycle import burnin
+from gpufleet.network import service as network
 from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.artifacts import NodeCache
 from gpufleet.protocol.bounds import plausible_time, storable_time, without_nul
