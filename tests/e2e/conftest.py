@@ -91,7 +91,11 @@ class Head:
             stderr=subprocess.STDOUT,
         )
         if wait:
-            self.wait_healthy()
+            try:
+                self.wait_healthy()
+            except BaseException:  # a head that never came up is no one's to stop later: stop it here
+                self.kill(signal.SIGKILL)
+                raise
         return self
 
     def wait_healthy(self, timeout: float = 30) -> dict[str, Any]:

@@ -8,6 +8,7 @@ directory's record), so roles, projects, tokens and node accounts keep working o
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Protocol
 
@@ -21,8 +22,13 @@ from gpufleet.core.errors import InvalidInput, TooManyRequests, Unauthorized
 
 # The same answer whatever was wrong, so a login attempt never tells whether a user exists.
 BAD_CREDENTIALS = "unknown user name or wrong password"
-# Verified when the user does not exist, so that case takes as long as a wrong password.
-_DUMMY_HASH = passwords.hash_password("gpufleet-no-such-user-dummy")
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """Verified when the user does not exist, so that case takes as long as a wrong password. Made at
+    first use, not at import: hashing costs a quarter of a second, and every head and CLI process imports this."""
+    return passwords.hash_password("gpufleet-no-such-user-dummy")
 
 
 class IdentityProvider(Protocol):
@@ -45,7 +51,7 @@ class LocalPasswords:
     def verify(self, session: Session, username: str, password: str) -> User:
         user = session.scalar(select(User).where(User.username == username))
         if user is None or user.password_hash is None:
-            passwords.verify(_DUMMY_HASH, password)
+            passwords.verify(_dummy_hash(), password)
             raise Unauthorized(BAD_CREDENTIALS)
         if not passwords.verify(user.password_hash, password) or not user.enabled:
             raise Unauthorized(BAD_CREDENTIALS)
