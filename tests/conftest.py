@@ -89,7 +89,10 @@ def postgres_url(postgres_server: str, postgres_admin: Engine) -> Iterator[str]:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Each database test runs on SQLite and on PostgreSQL."""
+    """A database test runs on SQLite and on PostgreSQL, unless its module pins one with
+    `pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)`: modules whose subject is above the
+    database (HTTP translation, views, pure logic) run on one, as long as the service tests beneath them run
+    both; a PostgreSQL run costs half a second more per test for its database."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'gpufleet.db'}"
     url: str = request.getfixturevalue("postgres_url")

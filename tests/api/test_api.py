@@ -15,6 +15,9 @@ from gpufleet.core.config import load_settings
 from gpufleet.core.db import transaction
 from gpufleet.protocol.inventory import GpuInfo, NodeInventory
 
+# One database: HTTP translation (the services' own tests run both).
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 
 def _join(client: TestClient, name: str, uses: int = 1) -> str:
     join = client.post("/api/v1/tokens/join", json={"expires_in_s": 600, "uses": uses}).json()["token"]

@@ -17,6 +17,9 @@ from tests.api.dashboard_helpers import logged_in
 from tests.api.test_channel import _credential
 from tests.conftest import FIXTURES
 
+# One database: HTTP translation.
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 SOFTWARE = FIXTURES / "software"
 
 

@@ -29,6 +29,9 @@ from tests.api.channel_helpers import (
     wait_until,
 )
 
+# One database: who may say what is checked above the database; test_channel_bounds runs both.
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 
 @pytest.fixture
 def pair(client: TestClient) -> tuple[str, str]:

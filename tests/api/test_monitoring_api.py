@@ -1,10 +1,14 @@
 """Health, drains, alerts, silences and receivers over HTTP: shapes, refusals, secrets."""
 
+import pytest
 from fastapi.testclient import TestClient
 
 from gpufleet.core.db import transaction
 from gpufleet.inventory import service as inventory
 from gpufleet.protocol.metrics import EntityValues, Sample
+
+# One database: HTTP translation (tests/monitoring runs both).
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
 def test_a_manual_drain_is_shown_and_resumed(client: TestClient) -> None:

@@ -14,6 +14,9 @@ from fastapi.testclient import TestClient
 
 from tests.provisioning.images_helpers import make_tree, tarball
 
+# One database: path and address checks before any write.
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 SHA = "a" * 64
 
 

@@ -3,6 +3,7 @@ inventory, node state and alerts from the database, GPU values from this replica
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
@@ -15,6 +16,9 @@ from gpufleet.inventory.states import NodeState
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.monitoring import alerts
 from gpufleet.protocol.metrics import EntityValues, GpuJob, Sample
+
+# One database: exposition over stored rows.
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
 def _gpu(index: int) -> dict[str, Any]:

@@ -21,6 +21,9 @@ from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.monitoring.models import Alert
 from gpufleet.workers.asset_loops import AssetLoops
 
+# One database: matching logic (tests/assets' store tests run both).
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 BOOKWORM = Distro("Debian", "12")
 GLIBC = Advisory(
     "DSA-5514-1",

@@ -37,6 +37,9 @@ from tests.jobs.helpers import (
     users,
 )
 
+# One database: resolution logic (test_lifecycle runs the job tables on both).
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 SHA_A = "a" * 64
 SHA_B = "b" * 64
 SHA_C = "c" * 64

@@ -18,6 +18,9 @@ from gpufleet.jobs.models import Job, JobState, ServiceReplica
 from gpufleet.jobs.schemas import ServiceChange, ServiceCreate
 from tests.jobs.helpers import LIMITS, as_user, cluster, project, report, tick, users
 
+# One database: service logic over the job tables that test_lifecycle runs on both.
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 ALICE = as_user("alice")
 
 

@@ -19,6 +19,9 @@ from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.lifecycle import views
 from tests.lifecycle.seed import T0, S, add_campaign, add_run
 
+# One database: views over stored rows (test_campaigns runs both).
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
 
 def _nodes(sessions: sessionmaker[Session], clock: FakeClock, expression: str) -> None:
     with transaction(sessions) as s:
