@@ -29,6 +29,7 @@ from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.messages import JoinRequest, JoinResponse
 from gpufleet.protocol.software import SoftwareInventory
+from gpufleet.protocol.topology import IbFabric
 
 _BY_STATUS: dict[int, type[GpufleetError]] = {
     400: InvalidInput,
@@ -771,6 +772,17 @@ class AgentHttp:
             "/api/v1/agent/software",
             credential,
             content=report.model_dump_json(),
+            extra_headers={"Content-Type": "application/json"},
+        )
+
+    async def put_fabric(self, credential: str, fabric: IbFabric) -> None:
+        """Send the InfiniBand fabric this node's ibnetdiscover sees. Raises PayloadTooLarge for one beyond
+        the head's MAX_FABRIC_BYTES, Unavailable when the head cannot be reached."""
+        await self._call(
+            "PUT",
+            "/api/v1/agent/fabric",
+            credential,
+            content=fabric.model_dump_json(),
             extra_headers={"Content-Type": "application/json"},
         )
 

@@ -28,6 +28,7 @@ from gpufleet.agent.jobs.supervisor import JobSupervisor
 from gpufleet.agent.logs import LogWatcher
 from gpufleet.agent.metrics.outbox import Outbox
 from gpufleet.agent.metrics.ports import EventSource, SampleSource
+from gpufleet.agent.topology.ibnet import IbnetParseError, TopologyReadError
 from gpufleet.client import AgentHttp
 from gpufleet.core.errors import GpufleetError, InvalidInput, Unauthorized, Unavailable
 from gpufleet.protocol.accounts import AccountList
@@ -47,9 +48,11 @@ from gpufleet.protocol.messages import (
 )
 from gpufleet.protocol.metrics import CheckResult, FaultCommand
 from gpufleet.protocol.software import SoftwareInventory
+from gpufleet.protocol.topology import IbFabric
 
 log = logging.getLogger(__name__)
 SoftwareSource = Callable[[], SoftwareInventory]  # agent.software.collect_software, or the simulator's
+FabricSource = Callable[[], IbFabric]  # agent.topology.ibnet.read_fabric
 T = TypeVar("T")
 
 
@@ -82,6 +85,8 @@ class AgentOptions:
     jobs: JobSupervisor | None = None  # runs the jobs the head places here; None: this agent runs none
     software: SoftwareSource | None = None  # installed packages, drivers, firmware; None: not reported
     software_check_s: float = 3600.0  # read again this often; sent only when its digest changed
+    fabric: FabricSource | None = None  # the InfiniBand fabric (ibnetdiscover); None: not reported
+    fabric_interval_s: float = 600.0  # read again this often; sent only when its digest changed
 
 
 def channel_url(server: str) -> str:
@@ -135,6 +140,7 @@ class Agent:
         # than them): inventories then go without them, and hello's fingerprint is of what was sent.
         self.head_takes_neighbors = True
         self.software_digest: str | None = None  # of the software report the head last took
+        self.fabric_digest: str | None = None  # of the InfiniBand fabric the head last took
         self.accounts_version: str | None = None  # of the account list last applied without failures
         self._accounts: AccountList | None = None  # the last list fetched, applied again each interval
         self.outbox = Outbox(max_samples=options.metrics_backlog)
@@ -303,6 +309,8 @@ class Agent:
                 tasks.add(asyncio.create_task(self._watch_accounts(credential, self.options.accounts)))
             if self.options.software is not None:
                 tasks.add(asyncio.create_task(self._watch_software(credential, self.options.software)))
+            if self.options.fabric is not None:
+                tasks.add(asyncio.create_task(self._watch_fabric(credential, self.options.fabric)))
             if self.options.jobs is not None:
                 self.options.jobs.connected()
                 tasks.add(asyncio.create_task(self.options.jobs.send_forever(ws.send)))
@@ -556,6 +564,42 @@ class Agent:
             except Exception:
                 log.exception("software inventory not read; retrying in %.0fs", interval)
             await asyncio.sleep(interval)
+
+    async def _watch_fabric(self, credential: Credential, read: FabricSource) -> None:
+        """Its own task, at connect and every fabric_interval_s: ibnetdiscover sweeps the whole fabric (tens
+        of seconds on a large one), in a worker thread; the fabric is sent only when its digest differs from
+        the last one the head took. A failure (ibnetdiscover missing or failing, the head refusing) is logged
+        and tried again next round; it never ends the channel."""
+        interval = self.options.fabric_interval_s
+        while True:
+            await self.report_fabric(credential, read)
+            await asyncio.sleep(interval)
+
+    async def report_fabric(self, credential: Credential, read: FabricSource) -> bool:
+        """Read the fabric and send it if it changed. Returns whether it was sent; logs, never raises, on
+        a failure (but cancellation)."""
+        try:
+            fabric = await asyncio.to_thread(read)
+            digest = fabric.digest()
+            if digest == self.fabric_digest:
+                return False
+            await self.http.put_fabric(credential.token, fabric)
+            self.fabric_digest = digest
+            log.info(
+                "InfiniBand fabric sent: %d switches, %d channel adapters, %d links",
+                len(fabric.switches),
+                len(fabric.cas),
+                len(fabric.links),
+            )
+        except GpufleetError as exc:
+            log.warning("InfiniBand fabric not sent: %s", exc)
+        except (TopologyReadError, IbnetParseError) as exc:  # ibnetdiscover missing or failing; a fabric too big
+            log.warning("InfiniBand fabric not read: %s", exc)
+        except Exception:
+            log.exception("InfiniBand fabric not read or not sent")
+        else:
+            return True
+        return False
 
     async def _watch_accounts(self, credential: Credential, sync: AccountSync) -> None:
         """Its own task, at start and every interval. A failure is logged and retried next interval: it

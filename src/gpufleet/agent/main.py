@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import shutil
 import signal
+from collections.abc import Callable
 
 import httpx
 
@@ -12,7 +15,7 @@ from gpufleet.agent.accounts import AccountSync
 from gpufleet.agent.artifacts import ArtifactCache
 from gpufleet.agent.checks.runner import HostChecks
 from gpufleet.agent.credentials import CredentialStore
-from gpufleet.agent.daemon import Agent, AgentOptions, with_retry
+from gpufleet.agent.daemon import Agent, AgentOptions, FabricSource, with_retry
 from gpufleet.agent.exposition import AgentMetrics, KeepLatest, serve
 from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.gpu.smi import NvidiaSmiReader
@@ -33,11 +36,25 @@ from gpufleet.agent.storage.checks import StorageChecks
 from gpufleet.agent.storage.collector import StorageCollector
 from gpufleet.agent.storage.probe import MountProber
 from gpufleet.agent.storage.source import HostStorage
+from gpufleet.agent.topology import ibnet
 from gpufleet.agent.topology.lldp import LldpNeighbors
 from gpufleet.agent.trust import head_context
 from gpufleet.client import AgentHttp
 from gpufleet.core.config import Settings
 from gpufleet.core.tls import split_join_token
+
+log = logging.getLogger(__name__)
+
+
+def fabric_source(interval_s: float, which: Callable[[str], str | None] = shutil.which) -> FabricSource | None:
+    """What reads the InfiniBand fabric: ibnetdiscover where `fabric_interval_s` is set and the program is
+    installed; None (logged) otherwise."""
+    if interval_s <= 0:
+        return None
+    if which(ibnet.PROGRAM) is None:
+        log.warning("fabric_interval_s is set but %s is not installed (infiniband-diags): no fabric", ibnet.PROGRAM)
+        return None
+    return ibnet.read_fabric
 
 
 def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_interval_s: float | None) -> None:
@@ -131,6 +148,8 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
                     else None
                 ),
                 software_check_s=settings.software_check_s,
+                fabric=fabric_source(settings.fabric_interval_s),
+                fabric_interval_s=settings.fabric_interval_s,
             )
             await Agent(options, store, AgentHttp(settings.server, http), read).run()
 

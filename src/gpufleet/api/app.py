@@ -109,6 +109,7 @@ from gpufleet.monitoring.store import Retention
 from gpufleet.monitoring.tracker import HealthTracker
 from gpufleet.network.service import Thresholds
 from gpufleet.protocol.software import MAX_SOFTWARE_BYTES
+from gpufleet.protocol.topology import MAX_FABRIC_BYTES
 from gpufleet.tasks.runner import TaskRunner
 from gpufleet.workers.asset_loops import AssetLoops
 from gpufleet.workers.burnin_loops import BurnInLoops
@@ -227,6 +228,7 @@ def _add_middleware(app: FastAPI, settings: Settings) -> None:
     body size limit, then JSON bodies' numbers checked (on a body already bounded)."""
     bulk = {
         f"{API_PREFIX}/agent/software": MAX_SOFTWARE_BYTES,
+        f"{API_PREFIX}/agent/fabric": MAX_FABRIC_BYTES,
         f"{API_PREFIX}/cve/advisories": assets_routes.MAX_ADVISORY_BATCH_BYTES,
         f"{API_PREFIX}/ansible/runs": ansible.MAX_RUN_BYTES,
         f"{API_PREFIX}/ansible/plans": ansible.MAX_RUN_BYTES,

@@ -1,6 +1,7 @@
 """The network's tables: `switches` (how to reach each over SNMP, its secrets sealed, what it said last),
-`switch_ports` (each port's state, speed, counters, rates and who is plugged in), and `node_neighbors`
-(what each node's lldpd sees on its own ports)."""
+`switch_ports` (each port's state, speed, counters, rates and who is plugged in), `node_neighbors`
+(what each node's lldpd sees on its own ports), and `ib_fabrics` (the InfiniBand fabric as each reporting
+node's ibnetdiscover saw it last)."""
 
 from __future__ import annotations
 
@@ -85,3 +86,21 @@ class NodeNeighbor(Base):
     port_id: Mapped[str | None] = mapped_column(String(255), default=None)
     port_description: Mapped[str | None] = mapped_column(String(255), default=None)
     seen_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class IbFabricReport(Base):
+    """The InfiniBand fabric one node's agent reported last (`protocol.topology.IbFabric`, as JSON). Every
+    node on a fabric sees the same one, so only a few report it; the newest report is the fabric shown."""
+
+    __tablename__ = "ib_fabrics"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), unique=True)
+    digest: Mapped[str] = mapped_column(String(64))  # IbFabric.digest(): the same fabric, the same digest
+    reported_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)  # last sent, changed or not
+    changed_at: Mapped[datetime] = mapped_column(UTCDateTime())  # when this node's fabric last differed
+    switches: Mapped[int] = mapped_column(Integer, default=0)
+    cas: Mapped[int] = mapped_column(Integer, default=0)
+    links: Mapped[int] = mapped_column(Integer, default=0)
+    # Megabytes on a large fabric: loaded only when read (network.fabric keeps the newest parsed).
+    fabric: Mapped[dict[str, Any]] = mapped_column(JSON, deferred=True)

@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, model_validator
 
+from gpufleet.protocol.topology import IbCa, IbLink
+
 SwitchName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
 Address = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.:_-]{1,255}$")]  # a host name, IPv4 or IPv6
 AuthProtocol = Literal["md5", "sha", "sha256", "sha512"]
@@ -103,11 +105,69 @@ class SwitchDetail(SwitchOut):
 
 class NodeLinkOut(BaseModel):
     """Where one of a node's ports is plugged: the switch and its port, as the switch's LLDP and/or the
-    node's own lldpd say (`seen_by`)."""
+    node's own lldpd say (`seen_by`), or as the InfiniBand fabric's ibnetdiscover says: then the interface
+    is the HCA and its port ("mlx5_0/1"), the switch its NodeDescription, `switch_guid` its node GUID and
+    `rate` the link's width and speed ("4xHDR")."""
 
     interface: str | None
     switch: str | None
     switch_port: str | None
     system_name: str | None
     port_id: str | None
-    seen_by: list[Literal["switch", "node"]]
+    seen_by: list[Literal["switch", "node", "ibnetdiscover"]]
+    switch_guid: str | None = None
+    rate: str | None = None
+
+
+class IbPeerOut(BaseModel):
+    """What is on the other end of an InfiniBand switch port: a channel adapter (its host, the node of that
+    name where there is one, its device and port) or another switch (its description and port)."""
+
+    guid: str
+    port: int
+    kind: Literal["switch", "ca", "router"]
+    description: str
+    host: str | None = None
+    device: str | None = None
+    node: str | None = None  # the registered node whose name or host name is `host`
+
+
+class IbPortOut(BaseModel):
+    number: int
+    peer: IbPeerOut
+    width: int | None
+    speed: str | None
+    rate_gbps: float | None
+
+
+class IbSwitchOut(BaseModel):
+    guid: str
+    description: str
+    lid: int | None
+    port_count: int
+    ports: list[IbPortOut]  # the cabled ones, by number
+
+
+class FabricReporterOut(BaseModel):
+    """One node that reports the fabric, and what it reported last."""
+
+    node: str
+    digest: str
+    reported_at: datetime
+    changed_at: datetime
+    switches: int
+    cas: int
+    links: int
+
+
+class FabricOut(BaseModel):
+    """The InfiniBand fabric as the newest report has it (`reported_by` and `reported_at`; all None and
+    empty before any node reported one), its switches with each cabled port, and every reporting node."""
+
+    reported_by: str | None
+    reported_at: datetime | None
+    digest: str | None
+    switches: list[IbSwitchOut]
+    cas: list[IbCa]
+    links: list[IbLink]
+    reporters: list[FabricReporterOut]

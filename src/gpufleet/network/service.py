@@ -27,6 +27,7 @@ from gpufleet.core.errors import Conflict, NotFound
 from gpufleet.inventory.models import Node
 from gpufleet.monitoring import alerts
 from gpufleet.monitoring.models import Alert
+from gpufleet.network import fabric
 from gpufleet.network.models import NodeNeighbor, Switch, SwitchPort
 from gpufleet.network.schemas import NodeLinkOut, PortOut, SwitchDetail, SwitchIn, SwitchOut
 from gpufleet.network.snmp import LldpRemote, PortReading, SnmpCredential, SnmpTarget, SwitchReading
@@ -448,8 +449,8 @@ def switch_detail(session: Session, name: str) -> SwitchDetail:
 
 
 def node_links(session: Session, node_id: int) -> list[NodeLinkOut]:
-    """Where a node is plugged: every switch port found with it behind, and every neighbour its lldpd
-    sees, one line per (interface, switch port)."""
+    """Where a node is plugged: every switch port found with it behind, every neighbour its lldpd sees,
+    one line per (interface, switch port), and every HCA port the newest InfiniBand fabric has it on."""
     links: dict[tuple[str | None, str | None], NodeLinkOut] = {}
     for port, switch in session.execute(
         select(SwitchPort, Switch).join(Switch, Switch.id == SwitchPort.switch_id).where(SwitchPort.node_id == node_id)
@@ -477,4 +478,7 @@ def node_links(session: Session, node_id: int) -> list[NodeLinkOut]:
             port_id=n.port_id,
             seen_by=["node"],
         )
-    return sorted(links.values(), key=lambda link: (link.interface or "", link.switch_port or ""))
+    node = session.get(Node, node_id)
+    infiniband = fabric.node_links(session, node) if node is not None else []
+    ethernet = sorted(links.values(), key=lambda link: (link.interface or "", link.switch_port or ""))
+    return ethernet + infiniband

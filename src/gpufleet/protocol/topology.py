@@ -6,7 +6,8 @@ also speaks), read from `lldpctl -f json`; it travels in the node's inventory (`
 `IbFabric`: an InfiniBand fabric as `ibnetdiscover` describes it: switches, channel adapters (HCAs) and
 the links between their ports. One fabric is the same for every node on it and can be large (a
 10,000-GPU fabric has some 10,000 HCAs and 30,000 links), so it does not travel in each node's
-inventory. The agent reads it (`agent.topology.ibnet`); the head does not take it yet (docs/network.md).
+inventory: an agent with `fabric_interval_s` set reads it (`agent.topology.ibnet`) and sends it on its own
+(`PUT /api/v1/agent/fabric`) when its digest changed; the head keeps each reporter's latest (docs/network.md).
 
 The bounds are the protocols' own: IEEE 802.1AB caps an LLDP chassis or port ID, system name, system
 description and port description at 255 octets; an InfiniBand NodeDescription is 64 bytes, a LID 16 bits,
@@ -79,6 +80,9 @@ Lid = Annotated[int, Field(ge=0, le=0xFFFF)]
 MAX_IB_SWITCHES = 8_192
 MAX_IB_CAS = 49_151  # one unicast LID each at least: 0x0001-0xBFFF
 MAX_IB_LINKS = 262_144
+# The head's limit on one fabric report's body: a fabric at the bounds above with two-port HCAs is some
+# 39 MiB of JSON; a 10,000-GPU fabric (10,000 HCAs, 600 switches, 30,000 links) under 5 MiB.
+MAX_FABRIC_BYTES = 40 * 1024 * 1024
 IbSpeed = Literal["SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR"]
 # One lane's rate in Gb/s as InfiniBand names links and the kernel's rate file counts them: 4X HDR is
 # 200, 4X QDR 40 (the agent's ib_rate_gbps metric uses the same figures).

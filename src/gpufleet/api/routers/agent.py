@@ -37,6 +37,7 @@ from gpufleet.core.errors import (
 from gpufleet.inventory import service as inventory
 from gpufleet.inventory.models import Node
 from gpufleet.lifecycle import burnin
+from gpufleet.network import fabric
 from gpufleet.network import service as network
 from gpufleet.protocol.accounts import AccountList
 from gpufleet.protocol.artifacts import NodeCache
@@ -66,6 +67,7 @@ from gpufleet.protocol.messages import (
     agent_message_adapter,
 )
 from gpufleet.protocol.software import SoftwareInventory
+from gpufleet.protocol.topology import MAX_FABRIC_BYTES, IbFabric
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/agent", tags=["agent"])
@@ -162,6 +164,34 @@ async def put_software(
             if session.get(Node, caller.node_id) is None:
                 raise Unauthorized("node no longer exists")
             assets_store.report_software(session, ctx.clock, caller.node_id, distro, report.kernel, packages)
+
+    await to_thread.run_sync(store)
+
+
+@router.put("/fabric", status_code=204)
+async def put_fabric(request: Request, caller: Annotated[Principal, allow(Permission.AGENT_REPORT)], ctx: Ctx) -> None:
+    """The InfiniBand fabric the calling node's ibnetdiscover sees; it replaces that node's previous report.
+    Bounded by MAX_FABRIC_BYTES (here and by the body size limit, before it is read)."""
+    raw = await request.body()
+    if len(raw) > MAX_FABRIC_BYTES:
+        raise PayloadTooLarge(f"fabric larger than {MAX_FABRIC_BYTES} bytes")
+
+    def store() -> None:
+        # Parsed here, off the event loop: a large fabric is megabytes and seconds to validate.
+        try:
+            report = IbFabric.model_validate_json(raw)
+        except ValidationError as exc:
+            raise InvalidInput(f"malformed InfiniBand fabric: {describe(exc)}") from None
+        if caller.node_id is None:
+            raise Unauthorized("not a node credential")
+        with transaction(ctx.sessions) as session:
+            if session.get(Node, caller.node_id) is None:
+                raise Unauthorized("node no longer exists")
+            changed = fabric.record_fabric(session, ctx.clock, caller.node_id, report)
+        request.state.audit_target = (
+            f"{len(report.switches)} switches, {len(report.cas)} CAs, {len(report.links)} links"
+            + ("" if changed else " (unchanged)")
+        )
 
     await to_thread.run_sync(store)
 

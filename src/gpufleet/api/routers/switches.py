@@ -1,5 +1,6 @@
 """Switches polled over SNMP and the topology: register a switch (its community or v3 keys write-only), list
-switches, one switch's ports and who is behind each, and where a node is plugged (see docs/network.md)."""
+switches, one switch's ports and who is behind each, where a node is plugged, and the InfiniBand fabric the
+agents report (see docs/network.md)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from gpufleet.auth.policy import Permission
 from gpufleet.auth.schemas import Principal
 from gpufleet.core.credentials import head_box
 from gpufleet.inventory import service as inventory
+from gpufleet.network import fabric
 from gpufleet.network import service as network
-from gpufleet.network.schemas import NodeLinkOut, SwitchDetail, SwitchIn, SwitchOut
+from gpufleet.network.schemas import FabricOut, NodeLinkOut, SwitchDetail, SwitchIn, SwitchOut
 
 router = APIRouter(tags=["network"])
 Read = Annotated[Principal, allow(Permission.NODES_READ)]
@@ -58,3 +60,11 @@ def node_links(name: str, _: Read, ctx: Ctx) -> list[NodeLinkOut]:
     """Where a node is plugged: each of its ports, the switch and switch port at the other end."""
     with tx(ctx, readonly=True) as db:
         return network.node_links(db, inventory.get_node(db, name).id)
+
+
+@router.get("/fabric")
+def get_fabric(_: Read, ctx: Ctx) -> FabricOut:
+    """The InfiniBand fabric as the newest agent report has it: its switches with each cabled port and what
+    is behind it, its channel adapters and links, who reported it and when, and every reporting node."""
+    with tx(ctx, readonly=True) as db:
+        return fabric.fabric_view(db)
