@@ -80,9 +80,10 @@ Lid = Annotated[int, Field(ge=0, le=0xFFFF)]
 MAX_IB_SWITCHES = 8_192
 MAX_IB_CAS = 49_151  # one unicast LID each at least: 0x0001-0xBFFF
 MAX_IB_LINKS = 262_144
-# The head's limit on one fabric report's body: a fabric at the bounds above with two-port HCAs is some
-# 39 MiB of JSON; a 10,000-GPU fabric (10,000 HCAs, 600 switches, 30,000 links) under 5 MiB.
-MAX_FABRIC_BYTES = 40 * 1024 * 1024
+# The head's limit on one fabric report's body. A 10,000-GPU fabric (10,000 HCAs, 600 switches, 30,000
+# links) is under 5 MiB of JSON and some 2 s to validate; the counts above at their bounds would be 39 MiB
+# and 14 s of the head's interpreter lock, which no node's report should be able to take.
+MAX_FABRIC_BYTES = 8 * 1024 * 1024
 IbSpeed = Literal["SDR", "DDR", "QDR", "FDR10", "FDR", "EDR", "HDR", "NDR", "XDR"]
 # One lane's rate in Gb/s as InfiniBand names links and the kernel's rate file counts them: 4X HDR is
 # 200, 4X QDR 40 (the agent's ib_rate_gbps metric uses the same figures).
