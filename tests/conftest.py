@@ -87,12 +87,22 @@ def postgres_url(postgres_server: str, postgres_admin: Engine) -> Iterator[str]:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A database test runs on SQLite and on PostgreSQL, unless it is marked `one_database` (its module
+    usually is): a test whose subject sits above the database (HTTP translation, views, pure logic over
+    rows) runs on SQLite alone, as long as the service tests beneath it run both. Each PostgreSQL run
+    costs half a second more for its own database, and the suite must stay inside 20 minutes."""
+    if "db_url" in metafunc.fixturenames:
+        one = metafunc.definition.get_closest_marker("one_database") is not None
+        metafunc.parametrize("db_url", BACKENDS[:1] if one else BACKENDS, indirect=True)
+
+
+@pytest.fixture
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A database test runs on SQLite and on PostgreSQL, unless its module pins one with
-    `pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)`: modules whose subject is above the
-    database (HTTP translation, views, pure logic) run on one, as long as the service tests beneath them run
-    both; a PostgreSQL run costs half a second more per test for its database."""
+    """The test's database URL, SQLite or PostgreSQL (`pytest_generate_tests`)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'gpufleet.db'}"
     url: str = request.getfixturevalue("postgres_url")

@@ -16,7 +16,7 @@ from gpufleet.core.db import transaction
 from gpufleet.protocol.inventory import GpuInfo, NodeInventory
 
 # One database: HTTP translation (the services' own tests run both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 
 def _join(client: TestClient, name: str, uses: int = 1) -> str:

@@ -8,10 +8,14 @@ import json
 import time
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.dashboard_helpers import up_node
 from tests.api.test_channel import _credential
+
+# One database: HTTP translation (tests/jobs/test_artifacts' service tests).
+pytestmark = pytest.mark.one_database
 
 SHA = "0123456789abcdef" * 4
 

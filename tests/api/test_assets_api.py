@@ -18,7 +18,7 @@ from tests.api.test_channel import _credential
 from tests.conftest import FIXTURES
 
 # One database: HTTP translation.
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 SOFTWARE = FIXTURES / "software"
 

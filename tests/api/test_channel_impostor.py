@@ -40,7 +40,7 @@ from tests.api.channel_helpers import (
 )
 
 # One database: who may say what is checked above the database; test_channel_bounds runs both.
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 SHA = "ab" * 32
 CHANNEL_TYPES = sorted(model.model_fields["type"].default for model in get_args(AnyAgentMessage))

@@ -30,7 +30,7 @@ from tests.api.channel_helpers import (
 )
 
 # One database: who may say what is checked above the database; test_channel_bounds runs both.
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 
 @pytest.fixture

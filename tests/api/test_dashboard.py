@@ -20,7 +20,7 @@ from tests.api.dashboard_helpers import csrf_header, logged_in, row_names, stat,
 from tests.conftest import need
 
 # Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 
 def test_overview_counts_nodes_by_state_and_gpus_by_use(client: TestClient) -> None:

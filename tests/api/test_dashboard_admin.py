@@ -17,6 +17,9 @@ from gpufleet.core.db import transaction
 from gpufleet.directory.schemas import DirectoryStatus, SourceStatus
 from tests.api.dashboard_helpers import PASSWORD, csrf_header, logged_in
 
+# One database: pages over the services that tests/auth runs on both.
+pytestmark = pytest.mark.one_database
+
 
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:

@@ -18,7 +18,7 @@ from gpufleet.protocol.artifacts import CacheEntry, NodeCache
 from tests.api.dashboard_helpers import logged_in, up_node
 
 # Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 T0 = 1_800_000_000.0  # FakeClock's start: 2027-01-15 08:00:00 UTC
 SHA_LLAMA = "a" * 64

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from tests.api.dashboard_helpers import logged_in, up_node
 
 # Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 
 def test_environments_show_which_nodes_can_run_them_and_the_templates(client: TestClient) -> None:

@@ -21,7 +21,7 @@ from tests.api.dashboard_helpers import csrf_header, logged_in, stat, write_gpu_
 from tests.jobs.helpers import cluster, job, node_id, project, ranks, report, submit, tick, users
 
 # Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 
 @pytest.fixture

@@ -18,6 +18,9 @@ from gpufleet.inventory.models import Node
 from tests.api.dashboard_helpers import csrf_header, logged_in, up_node
 from tests.lifecycle.seed import T0, S, add_campaign, add_run
 
+# One database: pages over the services that test_campaigns runs on both.
+pytestmark = pytest.mark.one_database
+
 
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:

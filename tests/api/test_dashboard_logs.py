@@ -17,7 +17,7 @@ from gpufleet.logs import store
 from tests.api.dashboard_helpers import logged_in, up_node
 
 # Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 XID79 = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 LINK = "mlx5_core 0000:5c:00.0 ibp92s0: Link down"

@@ -23,7 +23,7 @@ from gpufleet.protocol.metrics import EntityValues, Sample
 from tests.api.dashboard_helpers import logged_in
 
 # Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 T0 = 1_800_000_000.0  # FakeClock's start, a minute boundary
 CHARTS = f"{API_PREFIX}/nodes/gpu001/gpu-charts"

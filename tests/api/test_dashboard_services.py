@@ -25,7 +25,7 @@ from tests.api.loopback_replica import echo_replica
 from tests.jobs.helpers import LIMITS, as_user, cluster, project, report, tick, users
 
 # Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 ALICE = as_user("alice")
 

@@ -14,7 +14,7 @@ from tests.api.dashboard_helpers import logged_in
 from tests.jobs.helpers import cluster, set_node
 
 # Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 
 def test_nodes_and_jobs_show_slurms_side(client: TestClient) -> None:

@@ -19,6 +19,9 @@ from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.topology import MAX_FABRIC_BYTES, IbFabric
 from tests.api.dashboard_helpers import logged_in
 
+# One database: HTTP translation (the ib_fabrics table is migrated and checked on both in tests/core/test_db.py).
+pytestmark = pytest.mark.one_database
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topology"
 HDR = parse_ibnetdiscover((FIXTURES / "ibnetdiscover-44.0-ibsim-hdr-leaf-spine.txt").read_text())
 LEAF01 = "MF0;leaf01:MQM8700/U1"

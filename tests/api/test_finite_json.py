@@ -12,6 +12,9 @@ from fastapi.testclient import TestClient
 
 from gpufleet.api.finite_json import non_finite
 
+# One database: numbers refused at the HTTP edge, before any write (test_channel_bounds runs both).
+pytestmark = pytest.mark.one_database
+
 
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:

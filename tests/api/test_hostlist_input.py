@@ -15,7 +15,7 @@ from gpufleet.core.errors import InvalidInput
 from tests.api.dashboard_helpers import logged_in
 
 # Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 HUGE = "n[1-" + "9" * 4000 + "]"  # under the routes' 4,096-character limits, over Python's 4,300 digits
 HUGE_NAME = "n" + "9" * 5000  # where a route takes a longer string

@@ -26,7 +26,7 @@ from tests.provisioning.images_helpers import make_tree, tarball
 
 # HTTP translation and the CLI: one backend (the campaign's logic runs on both in tests/lifecycle).
 pytestmark = [
-    pytest.mark.parametrize("db_url", ["sqlite"], indirect=True),
+    pytest.mark.one_database,
     pytest.mark.rsync,
     pytest.mark.requires_tool("rsync"),
 ]

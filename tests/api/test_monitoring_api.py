@@ -8,7 +8,7 @@ from gpufleet.inventory import service as inventory
 from gpufleet.protocol.metrics import EntityValues, Sample
 
 # One database: HTTP translation (tests/monitoring runs both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 
 def test_a_manual_drain_is_shown_and_resumed(client: TestClient) -> None:

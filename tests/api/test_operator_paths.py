@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from tests.provisioning.images_helpers import make_tree, tarball
 
 # One database: path and address checks before any write.
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 SHA = "a" * 64
 

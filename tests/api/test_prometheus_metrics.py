@@ -18,7 +18,7 @@ from gpufleet.monitoring import alerts
 from gpufleet.protocol.metrics import EntityValues, GpuJob, Sample
 
 # One database: exposition over stored rows.
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 
 def _gpu(index: int) -> dict[str, Any]:

@@ -17,6 +17,9 @@ from gpufleet.api.security_headers import CONTENT_SECURITY_POLICY, SecurityHeade
 from gpufleet.api.templates import STATIC_DIR
 from tests.api.dashboard_helpers import logged_in, up_node, write_gpu_sample
 
+# One database: headers, whatever the database.
+pytestmark = pytest.mark.one_database
+
 EXPECTED = {
     "content-security-policy": CONTENT_SECURITY_POLICY,
     "x-frame-options": "DENY",

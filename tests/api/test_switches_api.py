@@ -3,6 +3,7 @@ show and remove it, and where a node is plugged; the Network pages and the CLI o
 
 from __future__ import annotations
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -13,6 +14,9 @@ from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.topology import LinkNeighbor
 from tests.api.dashboard_helpers import logged_in
+
+# One database: HTTP translation (tests/network/test_switch_service.py runs both).
+pytestmark = pytest.mark.one_database
 
 V3 = {
     "name": "spine01",

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from gpufleet.core.clock import FakeClock
 
 # Pages, forms and input parsing: HTTP translation, the same on both databases (the domain tests run both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 PASSWORD = "correct horse battery"
 

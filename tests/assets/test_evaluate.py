@@ -22,7 +22,7 @@ from gpufleet.monitoring.models import Alert
 from gpufleet.workers.asset_loops import AssetLoops
 
 # One database: matching logic (tests/assets' store tests run both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 BOOKWORM = Distro("Debian", "12")
 GLIBC = Advisory(

@@ -21,6 +21,9 @@ from gpufleet.directory.settings import mappings
 from gpufleet.workers.directory_loops import DirectoryLoops
 from tests.api.dashboard_helpers import PASSWORD
 
+# One database: HTTP translation (test_directory_sync runs both).
+pytestmark = pytest.mark.one_database
+
 GROUPS = {
     "identity_provider": "ldap",
     "ldap_group_roles": {"gpu-admins": "admin"},

@@ -38,7 +38,7 @@ from tests.jobs.helpers import (
 )
 
 # One database: resolution logic (test_lifecycle runs the job tables on both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64

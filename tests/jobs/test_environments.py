@@ -26,7 +26,7 @@ from gpufleet.protocol.jobs import DEFAULT_PATH, MAX_ENV
 from tests.jobs.helpers import gpu_report, job, node_id, ranks, set_node, submit, tick, users
 
 # One database: resolution logic (test_lifecycle runs the job tables on both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 OLD = "535.183.01"  # runs CUDA up to 12.2
 NEW = "550.127.05"  # runs CUDA 12.4: 550.127.05 >= 550.54.14 as numbers, though not as text

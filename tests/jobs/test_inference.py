@@ -19,7 +19,7 @@ from gpufleet.jobs.schemas import ServiceChange, ServiceCreate
 from tests.jobs.helpers import LIMITS, as_user, cluster, project, report, tick, users
 
 # One database: service logic over the job tables that test_lifecycle runs on both.
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 ALICE = as_user("alice")
 

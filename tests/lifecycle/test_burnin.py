@@ -26,7 +26,7 @@ from gpufleet.protocol.jobs import JobOutput
 from tests.jobs import helpers
 
 # One database: admission logic (test_campaigns runs the lifecycle tables on both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 H200 = {"h200": 600.0}
 SINGLE = Profile("t", "test", (Step("gemm", "gemm", 10, {}, H200), Step("disk", "disk", 10, {}, {"default": 50.0})))

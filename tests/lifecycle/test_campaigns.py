@@ -460,7 +460,7 @@ def test_a_burn_in_action_must_pass_and_pairs_nothing_with_a_node_alone(fleet: F
 
 
 @pytest.mark.ansible
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # Ansible is what is tested here
+@pytest.mark.one_database  # Ansible is what is tested here
 def test_a_playbook_action_runs_through_ansible_on_each_node(
     heavy: None, sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path
 ) -> None:

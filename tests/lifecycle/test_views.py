@@ -20,7 +20,7 @@ from gpufleet.lifecycle import views
 from tests.lifecycle.seed import T0, S, add_campaign, add_run
 
 # One database: views over stored rows (test_campaigns runs both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 
 def _nodes(sessions: sessionmaker[Session], clock: FakeClock, expression: str) -> None:

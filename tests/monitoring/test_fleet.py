@@ -21,7 +21,7 @@ from gpufleet.workers import rollup_process
 from gpufleet.workers.monitoring_loops import MonitoringLoops
 
 # One database: aggregation logic (test_health runs both).
-pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.one_database
 
 T0 = 1_800_000_000.0  # a minute boundary
 

@@ -232,7 +232,7 @@ def test_a_run_that_stops_early_or_times_out_fails_the_hosts_it_did_not_finish()
     assert summary.endswith("(timed out)")
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the refusals themselves run on both above
+@pytest.mark.one_database  # the refusals themselves run on both above
 def test_bad_requests_change_nothing_and_are_audited(
     client: TestClient,
     sessions: sessionmaker[Session],
@@ -268,7 +268,7 @@ def test_bad_requests_change_nothing_and_are_audited(
     assert client.get("/api/v1/tasks").json() == []
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the CLI over the API: one backend is enough
+@pytest.mark.one_database  # the CLI over the API: one backend is enough
 def test_the_cli_prints_the_inventory_for_ansible_and_a_dry_run_starts_nothing(
     client: TestClient,
     sessions: sessionmaker[Session],

@@ -87,7 +87,7 @@ def _lease(node_ns: str, device: str, out: Path) -> str | None:
     return out.read_text().strip() if out.exists() else None
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the database is not what this test is about
+@pytest.mark.one_database  # the database is not what this test is about
 def test_a_node_boots_with_the_address_boot_file_and_script_gpufleet_rendered(
     sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path, namespaces: tuple[str, str, str]
 ) -> None:

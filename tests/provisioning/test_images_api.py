@@ -176,7 +176,7 @@ def test_sync_dry_run_and_drift_over_http(client: TestClient, tmp_path: Path) ->
     assert (etc.status_code, "is not inside" in etc.json()["detail"]) == (400, True)
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # HTTP translation: one backend
+@pytest.mark.one_database  # HTTP translation: one backend
 def test_drift_overrides_need_images_write_and_a_failed_rsync_is_502(client: TestClient, tmp_path: Path) -> None:
     ctx = client.app.state.ctx  # type: ignore[attr-defined]
     runner = Refusing()
@@ -210,7 +210,7 @@ class Refusing:
         raise CommandFailed("rsync exited with status 255: connection refused")
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # HTTP translation: one backend
+@pytest.mark.one_database  # HTTP translation: one backend
 def test_a_task_that_cannot_start_leaves_nothing_marked(
     client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -250,7 +250,7 @@ def cli(*args: str) -> Result:
 
 @pytest.mark.rsync
 @pytest.mark.requires_tool("rsync")
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the CLI over the API: one backend is enough
+@pytest.mark.one_database  # the CLI over the API: one backend is enough
 def test_the_image_commands(client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cli_through(client, monkeypatch)
     tar = tarball(make_tree(tmp_path / "tree"), tmp_path / "base.tar")
