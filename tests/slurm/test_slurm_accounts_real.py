@@ -9,6 +9,7 @@ here take turns under one lock, and each starts from its own projects whatever t
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -228,24 +229,27 @@ def test_the_api_route_plans_syncs_and_audits(
     clock: FakeClock,
     tmp_path: Path,
 ) -> None:
+    # An account of this run's own: slurmdbd outlives the test's database, and this test runs once per
+    # database backend, so a fixed name would already be there, synced, the second time.
+    account = f"api{uuid.uuid4().hex[:8]}"
     with transaction(sessions) as s:
         create_user(s, clock, UserCreate(username="grace"))
-        projects.create_project(s, clock, "apiproj")
-        projects.add_member(s, clock, "apiproj", "grace")
-        projects.set_quota(s, "apiproj", max_gpus=3, gpu_hours_budget=None)
+        projects.create_project(s, clock, account)
+        projects.add_member(s, clock, account, "grace")
+        projects.set_quota(s, account, max_gpus=3, gpu_hours_budget=None)
     client = app_for(slurmdbd_cluster.conf, sessions, clock, tmp_path)
     dry = client.post("/api/v1/slurm/accounts/sync", params={"dry_run": "true"})
     assert dry.status_code == 200, dry.text
     planned = {(s["action"], s["account"], s["user"]) for s in dry.json()["steps"]}
-    assert {("add-account", "apiproj", None), ("add-user", "apiproj", "grace")} <= planned
+    assert {("add-account", account, None), ("add-user", account, "grace")} <= planned
     assert {s["status"] for s in dry.json()["steps"]} == {"planned"}, dry.json()
-    assert members(snapshot(sync), "apiproj") == set()  # the dry run changed nothing
+    assert members(snapshot(sync), account) == set()  # the dry run changed nothing
 
     done = client.post("/api/v1/slurm/accounts/sync")
     assert done.status_code == 200, done.text
     assert (done.json()["failed"], {s["status"] for s in done.json()["steps"]}) == (0, {"done"})
     now = snapshot(sync)
-    assert (members(now, "apiproj"), gpu_limit(now, "apiproj")) == ({"grace"}, "3")
+    assert (members(now, account), gpu_limit(now, account)) == ({"grace"}, "3")
     again = client.post("/api/v1/slurm/accounts/sync")
     assert again.json()["steps"] == []
     with transaction(sessions, readonly=True) as s:
