@@ -314,17 +314,30 @@ class ProcessExecutor:
         if podman_name is not None:
             await self._podman("kill", "--signal", "TERM", podman_name)
         tree.signal(procs, signal.SIGTERM)
-        if await _gone(tree, self.grace_s) == 0:
-            return 0
-        if tree.cgroup is not None:
-            cgroup_kill(tree.cgroup)
-        if podman_name is not None:
-            await self._podman("rm", "--force", "--time", "0", podman_name)
-        tree.signal(await asyncio.to_thread(tree.look), signal.SIGKILL)
-        left = await _gone(tree, KILL_WAIT_S)
+        left = await _gone(tree, self.grace_s)
         if left:
-            log.warning("%d process(es) of session %d outlived SIGKILL (stuck in the kernel?)", left, tree.sid)
+            if tree.cgroup is not None:
+                cgroup_kill(tree.cgroup)
+            if podman_name is not None:
+                await self._podman("rm", "--force", "--time", "0", podman_name)
+            tree.signal(await asyncio.to_thread(tree.look), signal.SIGKILL)
+            left = await _gone(tree, KILL_WAIT_S)
+            if left:
+                log.warning("%d process(es) of session %d outlived SIGKILL (stuck in the kernel?)", left, tree.sid)
+        if podman_name is not None:
+            await self._container_gone(podman_name)
         return left
+
+    async def _container_gone(self, name: str) -> None:
+        """Wait until the container is removed. Podman's client may exit before its --rm (or a racing
+        `podman rm`) has finished, and a rank must not be reported ended while its container still exists."""
+        deadline = time.monotonic() + KILL_WAIT_S
+        while await self._podman_rc("container", "exists", name) == 0:
+            if time.monotonic() > deadline:
+                log.warning("container %s was not removed within %.0f s", name, KILL_WAIT_S)
+                return
+            await self._podman("rm", "--force", "--time", "0", name)
+            await asyncio.sleep(POLL_S)
 
     async def _podman(self, *args: str) -> None:
         """A podman call that may fail (the container is already gone), bounded in time."""
@@ -332,6 +345,14 @@ class ProcessExecutor:
 
     async def _podman_output(self, *args: str, stdout: bool = True) -> str:
         """A podman call's standard output ("" when it failed or took over PODMAN_CALL_S)."""
+        rc, out = await self._podman_call(args, stdout)
+        return out if rc == 0 else ""
+
+    async def _podman_rc(self, *args: str) -> int | None:
+        """A podman call's exit status (None when it took over PODMAN_CALL_S)."""
+        return (await self._podman_call(args, stdout=False))[0]
+
+    async def _podman_call(self, args: tuple[str, ...], stdout: bool) -> tuple[int | None, str]:
         rt = self.containers
         proc = await asyncio.create_subprocess_exec(
             rt.podman or "podman", *args, stdin=asyncio.subprocess.DEVNULL,
@@ -344,8 +365,8 @@ class ProcessExecutor:
             proc.kill()
             await proc.wait()
             log.warning("podman %s did not finish in %.0f s", " ".join(args), PODMAN_CALL_S)
-            return ""
-        return (out or b"").decode(errors="replace") if proc.returncode == 0 else ""
+            return None, ""
+        return proc.returncode, (out or b"").decode(errors="replace")
 
     async def reap_leftovers(self) -> int:
         """End what ranks of an earlier agent left behind (it was killed, so it could not): every
