@@ -630,6 +630,20 @@ class HeadClient:
     def remove_bmc(self, node: str) -> None:
         self._call("DELETE", f"/api/v1/nodes/{node}/bmc")
 
+    def mig(self, node: str | None = None, category: str | None = None) -> list[dict[str, Any]]:
+        """Each node's GPUs against its declared MIG layout (GET /api/v1/mig)."""
+        params = {k: v for k, v in (("node", node), ("category", category)) if v is not None}
+        result: list[dict[str, Any]] = self._call("GET", "/api/v1/mig", params=params)
+        return result
+
+    def declare_mig(
+        self, layout: str | None, *, node: str | None = None, category: str | None = None, now: bool = False
+    ) -> list[dict[str, Any]]:
+        """Declare (None: unset) a node's or category's MIG layout (PUT /api/v1/mig/layout)."""
+        body = {"layout": layout, "node": node, "category": category, "now": now}
+        result: list[dict[str, Any]] = self._call("PUT", "/api/v1/mig/layout", json=body)
+        return result
+
     def storage(self, status: str | None = None) -> list[dict[str, Any]]:
         """The shared file systems' fleet view (GET /api/v1/storage)."""
         params = {"status": status} if status else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -14,9 +15,14 @@ from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.gpu.ports import GpuReadError
 from gpufleet.agent.gpu.smi import (
     COMMAND,
+    LIST_COMMAND,
     TIMEOUT_S,
+    ListedGpu,
+    ListedMig,
     NvidiaSmiReader,
     UnsafeXmlError,
+    derive_mig_profile,
+    parse_nvidia_smi_list,
     parse_nvidia_smi_xml,
     run_program,
 )
@@ -294,3 +300,250 @@ def test_run_program_runs_an_argument_list() -> None:
 def test_run_program_reports_a_program_missing_from_path() -> None:
     with pytest.raises(FileNotFoundError):
         run_program(["gpufleet-no-such-program-xyz", "-q"], 5)
+
+
+# -- MIG ---------------------------------------------------------------------------------------------
+
+A100 = "nvidia-smi/a100-sxm4-v12.xml"  # MIG on: GPU instances 3-6, each 14 SMs and 19968 MiB
+A100_UUID = "GPU-513536b6-7d19-9063-b049-1e69664bb298"
+H100_LIST = "nvidia-smi/h100-mig-590.48.01-L.txt"
+
+
+def a100_list(devices: Sequence[int] = (0, 1, 2, 3), gpu_uuid: str = A100_UUID, profile: str = "1g.20gb") -> str:
+    """CONSTRUCTED, not captured: `nvidia-smi -L` as the A100 of a100-sxm4-v12.xml would print it (its
+    GPU UUID, made-up MIG UUIDs ending in the device number), in the line shape of the real H100 capture."""
+    lines = [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {gpu_uuid})"]
+    lines += [f"  MIG {profile:<11} Device {n:>2}: (UUID: MIG-a100a100-0000-5000-8000-00000000000{n})" for n in devices]
+    return "\n".join(lines) + "\n"
+
+
+def with_mig_uuids(xml: str) -> str:
+    """The A100 XML as if nvidia-smi wrote each MIG device's UUID (v12 does not): MIG-…-0000000000GI."""
+    for gi in (3, 4, 5, 6):
+        tag = f"<gpu_instance_id>{gi}</gpu_instance_id>"
+        xml = xml.replace(tag, f"<uuid>MIG-0000000{gi}-1111-5000-8000-00000000000{gi}</uuid>{tag}")
+    return xml
+
+
+class FakeCommands:
+    """Stands in for run_program where the reader runs more than one command: each answers as its FakeRun."""
+
+    def __init__(self, answers: dict[tuple[str, ...], FakeRun]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[tuple[str, ...], float]] = []
+
+    def __call__(self, args: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[bytes]:
+        self.calls.append((tuple(args), timeout_s))
+        return self.answers[tuple(args)](args, timeout_s)
+
+
+def a100_reader(fixtures_dir: Path, listing: FakeRun, xml: str | None = None) -> tuple[NvidiaSmiReader, FakeCommands]:
+    text = read_fixture(fixtures_dir, A100) if xml is None else xml
+    run = FakeCommands({COMMAND: FakeRun(stdout=text.encode()), LIST_COMMAND: listing})
+    return NvidiaSmiReader(run), run
+
+
+def test_parses_a_real_mig_listing(fixtures_dir: Path) -> None:
+    listing = parse_nvidia_smi_list(read_fixture(fixtures_dir, H100_LIST))
+
+    assert listing == {
+        0: ListedGpu(
+            "GPU-00000000-0000-0000-0000-000000000000",
+            {
+                0: ListedMig("MIG-00000000-0000-0000-0000-000000000000", "3g.40gb"),
+                1: ListedMig("MIG-00000001-0000-0000-0000-000000000001", "2g.20gb"),
+                2: ListedMig("MIG-00000002-0000-0000-0000-000000000002", "1g.10gb"),
+                3: ListedMig("MIG-00000003-0000-0000-0000-000000000003", "1g.10gb"),
+            },
+        )
+    }
+
+
+def test_listing_reads_the_r450_uuid_form() -> None:
+    # CONSTRUCTED in the form R450 drivers printed: the MIG UUID names the GPU and the instance ids.
+    text = (
+        "GPU 0: A100-PCIE-40GB (UUID: GPU-c66f2b7d-c5d2-c0d1-e453-6f7f47a3b1d4)\n"
+        "  MIG 3g.20gb Device 0: (UUID: MIG-GPU-c66f2b7d-c5d2-c0d1-e453-6f7f47a3b1d4/1/0)\n"
+    )
+
+    [gpu] = parse_nvidia_smi_list(text).values()
+
+    assert gpu.mig == {0: ListedMig("MIG-GPU-c66f2b7d-c5d2-c0d1-e453-6f7f47a3b1d4/1/0", "3g.20gb")}
+
+
+def test_listing_skips_what_it_does_not_know(fixtures_dir: Path) -> None:
+    gpu_line = read_fixture(fixtures_dir, H100_LIST).splitlines()[0]
+    mig_first = f"  MIG 1g.10gb     Device  0: (UUID: MIG-1)\n{gpu_line}\n"
+
+    assert parse_nvidia_smi_list("No devices were found\n") == {}
+    # A MIG line before any GPU line belongs to no GPU.
+    assert parse_nvidia_smi_list(mig_first) == {0: ListedGpu("GPU-00000000-0000-0000-0000-000000000000", {})}
+
+
+def test_a100_mig_devices_take_uuids_and_profiles_from_the_listing(fixtures_dir: Path) -> None:
+    listing = parse_nvidia_smi_list(a100_list())
+
+    [gpu] = parse_nvidia_smi_xml(read_fixture(fixtures_dir, A100), listing)
+
+    assert [(m.gpu_instance, m.compute_instance) for m in gpu.mig] == [(3, 0), (4, 0), (5, 0), (6, 0)]
+    assert [m.uuid[-1] for m in gpu.mig] == ["0", "1", "2", "3"]  # by MIG device index
+    assert {(m.profile, m.slices, m.memory_mib, m.start) for m in gpu.mig} == {("1g.20gb", 1, 19968, None)}
+    assert gpu.memory_total_mib == 81920  # still the whole GPU's
+
+
+def test_a100_profiles_are_derived_where_the_xml_names_its_devices(fixtures_dir: Path) -> None:
+    xml = with_mig_uuids(read_fixture(fixtures_dir, A100))
+    reader, run = a100_reader(fixtures_dir, FakeRun(returncode=1), xml)
+
+    [gpu] = reader.read()
+
+    # 14 SMs: one A100 slice; of the 1-slice profiles, 1g.20gb (19968 MiB) is the device's memory.
+    assert [(m.uuid, m.gpu_instance, m.profile, m.slices) for m in gpu.mig] == [
+        (f"MIG-0000000{gi}-1111-5000-8000-00000000000{gi}", gi, "1g.20gb", 1) for gi in (3, 4, 5, 6)
+    ]
+    assert run.calls == [(COMMAND, TIMEOUT_S)]  # nothing left to ask -L
+
+
+def test_the_listing_profile_wins_over_the_derived_one(fixtures_dir: Path) -> None:
+    # A 2g.20gb GPU instance split into two 1-slice compute instances looks, in the XML, just like a
+    # 1g.20gb: 14 SMs, 19968 MiB. Only -L tells them apart.
+    listing = parse_nvidia_smi_list(a100_list(profile="1c.2g.20gb"))
+
+    [gpu] = parse_nvidia_smi_xml(read_fixture(fixtures_dir, A100), listing)
+
+    assert {(m.profile, m.slices) for m in gpu.mig} == {("1c.2g.20gb", 2)}
+
+
+@pytest.mark.parametrize(
+    ("model", "memory_total_mib", "sm_count", "memory_mib", "profile"),
+    [
+        # Real devices: the A100 XML fixture, and the H100 capture h100-mig-590.48.01-L.txt comes from.
+        ("NVIDIA A100-SXM4-80GB", 81920, 14, 19968, "1g.20gb"),
+        ("NVIDIA H100 80GB HBM3", 81559, 60, 40448, "3g.40gb"),
+        ("NVIDIA H100 80GB HBM3", 81559, 32, 20096, "2g.20gb"),
+        ("NVIDIA H100 80GB HBM3", 81559, 16, 9984, "1g.10gb"),
+        # NVIDIA's figures for whole-GPU instances: more SMs than 7 slices' share.
+        ("NVIDIA H100 80GB HBM3", 81559, 132, 80896, "7g.80gb"),
+        ("NVIDIA A100-SXM4-40GB", 40960, 98, 40192, "7g.40gb"),
+        # Unknown: a 1-slice compute instance of a 3g.40gb (the memory fits no 1-slice profile), a GPU
+        # without MIG, fewer SMs than a slice, and missing fields.
+        ("NVIDIA A100-SXM4-80GB", 81920, 14, 40192, ""),
+        ("Tesla T4", 15360, 40, 15360, ""),
+        ("NVIDIA A100-SXM4-80GB", 81920, 7, 19968, ""),
+        ("NVIDIA A100-SXM4-80GB", 81920, None, 19968, ""),
+        ("NVIDIA A100-SXM4-80GB", 81920, 14, None, ""),
+    ],
+)
+def test_derive_mig_profile(
+    model: str, memory_total_mib: int, sm_count: int | None, memory_mib: int | None, profile: str
+) -> None:
+    assert derive_mig_profile(model, memory_total_mib, sm_count, memory_mib) == profile
+
+
+def test_the_h100_listing_agrees_with_the_profiles_derived_from_its_xml_fields(fixtures_dir: Path) -> None:
+    # The same capture's `nvidia-smi -q`: MIG devices 0-3 have 60, 32, 16 and 16 SMs.
+    [gpu] = parse_nvidia_smi_list(read_fixture(fixtures_dir, H100_LIST)).values()
+    fields = [(60, 40448), (32, 20096), (16, 9984), (16, 9984)]
+
+    derived = [derive_mig_profile("NVIDIA H100 80GB HBM3", 81559, sms, mib) for sms, mib in fields]
+
+    assert derived == [gpu.mig[n].profile for n in range(4)]
+
+
+def test_reader_runs_the_listing_once_for_mig_uuids(fixtures_dir: Path) -> None:
+    reader, run = a100_reader(fixtures_dir, FakeRun(stdout=a100_list().encode()))
+
+    [gpu] = reader.read()
+
+    assert len(gpu.mig) == 4
+    assert run.calls == [(COMMAND, TIMEOUT_S), (LIST_COMMAND, TIMEOUT_S)]
+    assert LIST_COMMAND == ("nvidia-smi", "-L")
+
+
+def test_mig_devices_are_read_only_while_mig_is_on(fixtures_dir: Path) -> None:
+    xml = read_fixture(fixtures_dir, A100).replace("<current_mig>Enabled<", "<current_mig>Disabled<")
+    reader, run = a100_reader(fixtures_dir, FakeRun(stdout=a100_list().encode()), xml)
+
+    [gpu] = reader.read()
+
+    assert (gpu.mig_mode, gpu.mig) == ("disabled", [])
+    assert run.calls == [(COMMAND, TIMEOUT_S)]
+
+
+def test_a_mig_device_the_listing_does_not_name_is_left_out(
+    fixtures_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    reader, _ = a100_reader(fixtures_dir, FakeRun(stdout=a100_list(devices=(0, 1, 3)).encode()))
+
+    with caplog.at_level(logging.WARNING, logger="gpufleet.agent.gpu.smi"):
+        [gpu] = reader.read()
+
+    assert [m.gpu_instance for m in gpu.mig] == [3, 4, 6]
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU 0: MIG device 2 (GPU instance 5) left out: neither the XML nor nvidia-smi -L gives its UUID"
+    ]
+
+
+def test_without_a_listing_no_mig_device_can_be_named(fixtures_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="gpufleet.agent.gpu.smi"):
+        [gpu] = parse_nvidia_smi_xml(read_fixture(fixtures_dir, A100))
+
+    assert (gpu.mig_mode, gpu.mig) == ("enabled", [])
+    assert len(caplog.records) == 4
+
+
+@pytest.mark.parametrize(
+    ("listing", "said"),
+    [
+        (FakeRun(returncode=6, stdout=b"No devices were found\n"), "exited with status 6: No devices were found"),
+        (FakeRun(error=subprocess.TimeoutExpired(list(LIST_COMMAND), 15.0)), "did not answer within 15 s"),
+        (FakeRun(error=FileNotFoundError(2, "not found on PATH", "nvidia-smi")), "not found on PATH"),
+        (FakeRun(error=PermissionError(13, "Permission denied")), "could not be started"),
+    ],
+    ids=["exit-status", "timeout", "missing", "unstartable"],
+)
+def test_a_failing_listing_leaves_the_gpus_without_mig(
+    fixtures_dir: Path, caplog: pytest.LogCaptureFixture, listing: FakeRun, said: str
+) -> None:
+    reader, _ = a100_reader(fixtures_dir, listing)
+
+    with caplog.at_level(logging.WARNING, logger="gpufleet.agent.gpu.smi"):
+        [gpu] = reader.read()
+
+    assert (gpu.uuid, gpu.mig_mode, gpu.mig) == (A100_UUID, "enabled", [])
+    assert f"nvidia-smi -L failed: nvidia-smi {said}" in caplog.messages[0]
+
+
+def test_a_listing_of_another_gpu_is_not_used(fixtures_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    other = "GPU-00000000-0000-0000-0000-000000000000"
+    reader, _ = a100_reader(fixtures_dir, FakeRun(stdout=a100_list(gpu_uuid=other).encode()))
+
+    with caplog.at_level(logging.WARNING, logger="gpufleet.agent.gpu.smi"):
+        [gpu] = reader.read()
+
+    assert gpu.mig == []
+    assert f"nvidia-smi -L lists {other} there, not {A100_UUID}" in caplog.messages[0]
+
+
+def test_a_mig_device_of_unknown_profile_costs_no_other_device(
+    fixtures_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first device's 7 SMs make no A100 slice: its profile is unknown ("").
+    xml = with_mig_uuids(read_fixture(fixtures_dir, A100)).replace(
+        "<multiprocessor_count>14<", "<multiprocessor_count>7<", 1
+    )
+
+    with caplog.at_level(logging.WARNING, logger="gpufleet.agent.gpu.smi"):
+        [gpu] = parse_nvidia_smi_xml(xml)
+
+    # Kept, with its profile unknown: CUDA can still name it, and the others are unaffected.
+    assert [(m.gpu_instance, m.profile) for m in gpu.mig] == [(3, ""), (4, "1g.20gb"), (5, "1g.20gb"), (6, "1g.20gb")]
+    assert caplog.messages == []
+
+
+def test_a_mig_device_without_instance_ids_is_left_out(fixtures_dir: Path) -> None:
+    xml = read_fixture(fixtures_dir, A100).replace("<gpu_instance_id>5</gpu_instance_id>", "")
+
+    [gpu] = parse_nvidia_smi_xml(xml, parse_nvidia_smi_list(a100_list()))
+
+    assert [m.gpu_instance for m in gpu.mig] == [3, 4, 6]

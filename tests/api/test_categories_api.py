@@ -54,6 +54,8 @@ def test_categories_and_node_settings_over_the_api(client: TestClient) -> None:
         "kernel_params": ("quiet", "node"),
         "expected_gpus": (8, "category"),
         "gpu_model": (None, "default"),
+        "mig_layout": (None, "default"),
+        "gpu_sharing": ("exclusive", "default"),
         "health_policy": ({"gpu_temp_c": 85.0}, "category"),
     }
     assert _settings(client.get("/api/v1/nodes/cpu01").json())["health_policy"] == ({}, "default")

@@ -40,6 +40,8 @@ def test_settings_resolve_defaults_then_category_then_node(sessions: sessionmake
             "kernel_params": ("quiet", "node"),
             "expected_gpus": (8, "category"),  # stored as an int, though given as text
             "gpu_model": (None, "default"),
+            "mig_layout": (None, "default"),
+            "gpu_sharing": ("exclusive", "default"),
         }
         other = inventory.get_node(s, "gpu002")
         assert categories.resolve(s, other)["partition"] == Resolved("gpu", "category")

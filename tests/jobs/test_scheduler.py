@@ -277,7 +277,9 @@ def test_invariants(
 
     given_out: set[tuple[str, int]] = {(n, g) for r in running for n, gs in r.allocation.items() for g in gs}
     cpus_used: Counter[str] = Counter()
-    in_use = Counter({r.project: r.gpus for r in running})
+    in_use: Counter[str] = Counter()
+    for r in running:
+        in_use[r.project] += int(r.gpus)  # whole GPUs only here: no fractions
     for p in d.placements:
         j = jobs[p.job_id]
         # Gang: exactly `nodes` distinct nodes, each with exactly gpus_per_node GPUs.
@@ -293,7 +295,7 @@ def test_invariants(
                 assert g in view.gpus
                 given_out.add((name, g))
             cpus_used[name] += j.cpus_per_node
-        in_use[j.project] += j.gpus
+        in_use[j.project] += int(j.gpus)
     for name, used in cpus_used.items():
         assert used <= by_name[name].cpus_free
     for project, used in in_use.items():

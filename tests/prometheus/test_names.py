@@ -156,3 +156,21 @@ def test_counters_keep_dcgms_exact_names() -> None:
 @pytest.mark.parametrize("left_out", ["metric_from_the_future", "tape"])
 def test_unmapped_metrics_and_entities_are_left_out(left_out: str) -> None:
     assert left_out not in _exposition()
+
+
+def test_a_mig_devices_memory_carries_its_gpus_labels_and_dcgm_exporters_gpu_i_id() -> None:
+    families = Families()
+    node = _node()
+    families.add_node(
+        NodeMetrics(
+            node.node, node.hostname, {"mig:0/3": {"fb_used_mib": 512.0}, "mig:x/3": {"fb_used_mib": 1.0}}, node.gpus
+        )
+    )
+    samples = [s for f in text_string_to_metric_families(render(families.collect()).decode()) for s in f.samples]
+
+    [used] = samples
+    assert used.name == "DCGM_FI_DEV_FB_USED"
+    assert used.value == 512.0
+    assert used.labels["GPU_I_ID"] == "3"
+    assert used.labels["gpu"] == "0"
+    assert used.labels["UUID"] == "GPU-aaaa"

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.jobs.ports import JobExecutor, RankResult
 from gpufleet.protocol.jobs import JobStart
 from gpufleet.sim.jobs import SimulatedExecutor
@@ -144,3 +145,19 @@ def test_what_the_simulation_cannot_do_is_an_error(fields: dict[str, Any], words
     assert result.outcome == "error"
     assert words in result.message
     assert run.started == 0
+
+
+def test_a_rank_runs_on_its_mig_device_and_fails_on_one_its_node_lacks() -> None:
+    run = Run(argv=["sleep", "5"], gpu_indexes=[0], gpu_uuids=["MIG-00000000-0000-0000-0000-000000000000"])
+    assert run().outcome == "error"
+    assert run.started == 0  # CUDA would fail at once: nothing ran
+
+    reader = NvmlReader(run.nvml, source="simulated")
+    reader.apply_mig(0, "all-1g.18gb")
+    device = reader.read()[0].mig[2].uuid
+    held = Run(argv=["sleep", "5"], gpu_indexes=[0], gpu_uuids=[device])
+    held.nvml, held.executor = run.nvml, run.executor
+    held.time = run.time
+
+    assert held() == RankResult("completed", 0)
+    reader.apply_mig(0, "none")  # raises MigError (in use) had the ended rank kept its device

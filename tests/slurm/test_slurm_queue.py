@@ -13,7 +13,15 @@ import pytest
 from gpufleet.core.errors import InvalidInput, NotFound, Unavailable
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.jobs.slurm import output as slurm_output
-from gpufleet.jobs.slurm.batch import BatchOptions, job_environment, render_script, sbatch_argv
+from gpufleet.jobs.slurm.batch import (
+    BatchOptions,
+    inventory_mig_types,
+    job_environment,
+    mig_gres_type,
+    render_script,
+    sbatch_argv,
+)
+from gpufleet.jobs.slurm.config import InventoryMig
 from gpufleet.jobs.slurm.history import parse_sacct_end
 from gpufleet.jobs.slurm.queue import (
     SlurmJob,
@@ -314,6 +322,56 @@ def test_a_job_becomes_sbatch_arguments_one_option_each() -> None:
         "--uid=alice",
     ):
         assert option in other
+
+
+def test_a_mig_job_asks_slurm_for_slurms_type_of_its_profile() -> None:
+    """Slurm names an H200's 1g.18gb (16384 MiB) 1g.16gb, and slurm.conf has it so (jobs.slurm.config)."""
+    mig = job(nodes=1, gpus_per_node=2, gpu_profile="1g.18gb")
+    argv = sbatch_argv(mig, "s", BatchOptions(), head_user="alice")
+    assert "--gres=gpu:1g.16gb:2" in argv
+    assert not [a for a in argv if "1g.18gb" in a]
+    # the inventory's instances say which: an A100 80GB's 3g.40gb is 3g.39gb to Slurm, an H100's 3g.40gb
+    three = job(nodes=1, gpus_per_node=1, gpu_profile="3g.40gb")
+    for kind in ("3g.39gb", "3g.40gb"):
+        assert f"--gres=gpu:{kind}:1" in sbatch_argv(
+            three, "s", BatchOptions(), head_user="alice", mig_types={"3g.40gb": kind}
+        )
+    with pytest.raises(InvalidInput, match=r"Slurm names MIG profile 3g\.40gb 3g\.39gb or 3g\.40gb by GPU model"):
+        sbatch_argv(three, "s", BatchOptions(), head_user="alice", mig_types={"1g.18gb": "1g.16gb"})
+
+
+@pytest.mark.parametrize(
+    ("profile", "inventory", "expected"),
+    [
+        ("1g.18gb", {}, "1g.16gb"),  # H200 only
+        ("7g.141gb", {}, "7g.140gb"),
+        ("1g.10gb", {}, "1g.10gb"),  # 9728 MiB on an A100 80GB, 9984 on an H100: 10 GiB either way
+        ("3g.40gb", {"3g.40gb": "3g.39gb"}, "3g.39gb"),
+        ("3g.71gb", {"3g.71gb": "3g.64gb"}, "3g.64gb"),  # the inventory's type, as slurm.conf has it, first
+    ],
+)
+def test_the_slurm_type_of_a_mig_profile(profile: str, inventory: dict[str, str], expected: str) -> None:
+    assert mig_gres_type(profile, inventory) == expected
+
+
+def test_a_mig_profile_without_a_slurm_type_is_refused() -> None:
+    with pytest.raises(InvalidInput, match=r"no GPU model has MIG profile 1g\.99gb"):
+        mig_gres_type("1g.99gb", {})
+    with pytest.raises(InvalidInput, match="no GPU in the inventory has an instance of it"):
+        mig_gres_type("4g.40gb", {})  # 4g.39gb on an A100 80GB, 4g.40gb on an H100
+
+
+def test_the_inventorys_slurm_type_of_each_profile() -> None:
+    a100, h100 = InventoryMig("3g.40gb", 3, 40192), InventoryMig("3g.40gb", 3, 40448)
+    instances = [a100, a100, h100, InventoryMig("1g.18gb"), InventoryMig("MIG 1g.18gb", 1, 16384)]
+    instances += [InventoryMig("", 1, 16384), InventoryMig("3g.40gb"), InventoryMig("4g.40gb", 4, 40192)]
+    instances += [InventoryMig("4g.40gb", 4, 40448)]
+    assert inventory_mig_types(instances) == {
+        "3g.40gb": "3g.39gb",  # two A100 instances, one H100: the commonest
+        "1g.18gb": "1g.16gb",  # with or without memory, "MIG " or not
+        "4g.40gb": "4g.39gb",  # a tie: the first by name
+    }
+    assert inventory_mig_types([]) == {}
 
 
 def test_what_cannot_go_to_slurm_is_refused_with_the_reason() -> None:

@@ -23,6 +23,7 @@ from gpufleet.agent.accounts import AccountSync, SyncReport
 from gpufleet.agent.checks.ports import CheckSource
 from gpufleet.agent.credentials import Credential, CredentialStore
 from gpufleet.agent.faults import AGENT_FAULTS, REFUSED_ON_REAL_NODES, FaultTarget
+from gpufleet.agent.gpu.mig import MigControl, MigError
 from gpufleet.agent.inventory import InventorySource
 from gpufleet.agent.jobs.supervisor import JobSupervisor
 from gpufleet.agent.logs import LogWatcher
@@ -47,6 +48,7 @@ from gpufleet.protocol.messages import (
     head_message_adapter,
 )
 from gpufleet.protocol.metrics import CheckResult, FaultCommand
+from gpufleet.protocol.mig import MigApply, MigResult
 from gpufleet.protocol.software import SoftwareInventory
 from gpufleet.protocol.topology import IbFabric
 
@@ -87,6 +89,7 @@ class AgentOptions:
     software_check_s: float = 3600.0  # read again this often; sent only when its digest changed
     fabric: FabricSource | None = None  # the InfiniBand fabric (ibnetdiscover); None: not reported
     fabric_interval_s: float = 600.0  # read again this often; sent only when its digest changed
+    mig: MigControl | None = None  # applies the MIG layouts the head sends (agent.gpu.mig); None: refused
 
 
 def channel_url(server: str) -> str:
@@ -146,6 +149,7 @@ class Agent:
         self.outbox = Outbox(max_samples=options.metrics_backlog)
         self._outbox_ready = asyncio.Event()  # something was queued, or sending may resume
         self._events_wake = asyncio.Event()  # a simulated fault may have queued an Xid: poll now
+        self._mig_tasks: set[asyncio.Task[None]] = set()
         self._running = asyncio.Event()  # clear while a simulated crash or hang holds metrics and events
         self._running.set()
         self.crashed = False  # simulated node-crash: nothing leaves but answers to commands
@@ -301,7 +305,7 @@ class Agent:
                 raise
             self.connected = True
             tasks |= {
-                asyncio.create_task(self._read(ws)),
+                asyncio.create_task(self._read(ws, credential)),
                 asyncio.create_task(self._watch_inventory(credential)),
                 asyncio.create_task(self._send_outbox(ws)),
             }
@@ -349,7 +353,7 @@ class Agent:
         if reader.done() and not reader.cancelled() and reader.exception() is not None:
             raise reader.exception()  # type: ignore[misc]
 
-    async def _read(self, ws: ClientConnection) -> None:
+    async def _read(self, ws: ClientConnection, credential: Credential | None = None) -> None:
         async for raw in ws:
             try:
                 message = head_message_adapter.validate_json(raw)
@@ -362,6 +366,11 @@ class Agent:
                 self.joined_unproven = False
             elif isinstance(message, FaultCommand):
                 await ws.send(self.apply_fault(message).model_dump_json())
+            elif isinstance(message, MigApply) and not self.crashed:
+                # Its own task: a GPU reset takes seconds, and acks and job messages must not wait on it.
+                task = asyncio.create_task(self._answer_mig(ws, message, credential))
+                self._mig_tasks.add(task)
+                task.add_done_callback(self._mig_tasks.discard)
             elif isinstance(message, JobStart | JobCancel | JobAck) and not self.crashed:
                 await self._job_message(ws, message)
         raise Unavailable("the head closed the channel normally")
@@ -467,6 +476,34 @@ class Agent:
                 await ws.send(message.text)
                 self.outbox.sent(message)
             await self._outbox_ready.wait()
+
+    async def _answer_mig(self, ws: ClientConnection, command: MigApply, credential: Credential | None) -> None:
+        """Apply, send the inventory that results, then answer: the head reads the answer as "the new
+        layout is in the inventory", and asks again only for GPUs that still differ."""
+        result = await self.apply_mig(command)
+        if credential is not None:
+            try:
+                await self._resend_if_changed(credential)
+            except GpufleetError as exc:  # the periodic check sends it later; the head asks again meanwhile
+                log.warning("inventory after a MIG change not sent: %s", exc)
+        with contextlib.suppress(ConnectionClosed):  # the head asks again once the node is back
+            await ws.send(result.model_dump_json())
+
+    async def apply_mig(self, command: MigApply) -> MigResult:
+        """Give the GPUs their MIG layouts, one after the other (each may reset its GPU: seconds on real
+        hardware, so off the event loop). Raises nothing: the answer says, per GPU, what failed."""
+        control = self.options.mig
+        if control is None:
+            return MigResult(id=command.id, errors=dict.fromkeys(command.gpus, "this agent manages no MIG"))
+        errors: dict[int, str] = {}
+        for index, layout in sorted(command.gpus.items()):
+            try:
+                await asyncio.to_thread(control.apply_mig, index, layout)
+                log.info("GPU %d: MIG layout %s applied", index, layout)
+            except MigError as exc:
+                log.warning("GPU %d: MIG layout %s not applied: %s", index, layout, exc)
+                errors[index] = str(exc)[:512]
+        return MigResult(id=command.id, errors=errors)
 
     def apply_fault(self, command: FaultCommand) -> FaultResult:
         """Inject or heal a simulated fault; a real agent (no fault target) refuses. Raises nothing: the

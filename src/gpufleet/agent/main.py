@@ -61,7 +61,8 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
     """Run until interrupted. Raises Unauthorized/AgentStopped (clear messages) when the head refuses the node."""
     store = CredentialStore(settings.agent_state_dir / "credential.json")
     # The LLDP neighbours come from lldpd's default socket; a node without lldpd reports none.
-    read = inventory_source(read_host_facts, [NvmlReader(), NvidiaSmiReader()], LldpNeighbors())
+    nvml = NvmlReader()  # also applies the MIG layouts the head sends
+    read = inventory_source(read_host_facts, [nvml, NvidiaSmiReader()], LldpNeighbors())
     accounts = None
     if settings.accounts_sync:
         accounts = AccountSync(settings.accounts_root, settings.agent_state_dir / "accounts.json")
@@ -142,6 +143,7 @@ def run_agent(settings: Settings, name: str, join_token: str | None, heartbeat_i
                 checks=checks,
                 checks_interval_s=settings.checks_interval_s,
                 jobs=JobSupervisor(executor, cache=cache),
+                mig=nvml,
                 software=(
                     functools.partial(collect_software, pip_envs=settings.software_pip_envs)
                     if settings.software_report

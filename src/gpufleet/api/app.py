@@ -38,6 +38,7 @@ from gpufleet.api.routers import (
     projects,
     prometheus_metrics,
     services,
+    sharing,
     slurm_accounts,
     sso,
     templates,
@@ -179,6 +180,7 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     sso.api,
     switch_routes.router,
     storage_routes.router,
+    sharing.router,
 )
 # Routers served outside /api/v1 whose routes name a permission (GET /metrics, where Prometheus
 # looks); the route x role matrix test walks these too.

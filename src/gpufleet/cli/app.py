@@ -24,6 +24,7 @@ from gpufleet.cli import (
     jobs,
     logs,
     maintenance,
+    mig,
     monitoring,
     nodes,
     power,
@@ -92,6 +93,7 @@ app.add_typer(images.app, name="image")
 app.add_typer(power.power_app, name="power")
 app.add_typer(power.bmc_app, name="bmc")
 app.add_typer(storage.app, name="storage")
+app.add_typer(mig.app, name="mig")
 app.add_typer(switches.switch_app, name="switch")
 nodes.app.command("set-mac")(provision.set_mac)
 app.add_typer(categories.app, name="category")

@@ -75,6 +75,20 @@ def parse_mem(text: str) -> int:
     return max(int(float(match.group(1)) * _SIZE_MIB[match.group(2)]), 1)
 
 
+_GPUS = re.compile(r"^(?:(?P<profile>[1-8]g\.[0-9]{1,4}gb)(?::(?P<n>\d{1,2}))?|(?P<count>\d{1,2}))$")
+
+
+def parse_gpus(text: str) -> tuple[str | None, int]:
+    """(MIG profile or None, count) in --gpus: "2" (whole GPUs), "1g.18gb:2" or "1g.18gb" (one instance).
+    Raises InvalidInput."""
+    match = _GPUS.match(text.strip())
+    if match is None:
+        raise InvalidInput(f"invalid --gpus {text!r}: a number of GPUs (2) or a MIG profile and count (1g.18gb:2)")
+    if match["count"] is not None:
+        return None, int(match["count"])
+    return match["profile"], int(match["n"] or 1)
+
+
 def parse_time(text: str) -> int:
     """Seconds in 90m / 4h / 2d, or Slurm's [D-]HH:MM:SS / MM:SS, or a bare number of minutes (as sbatch)."""
     text = text.strip()
@@ -180,6 +194,12 @@ def submit(
     project: Annotated[str | None, typer.Option(help="project to charge (default: your only one)")] = None,
     nodes: Annotated[int, typer.Option(min=1, help="nodes, all started together (a gang)")] = 1,
     gpus_per_node: Annotated[int, typer.Option(min=0, help="GPUs on each node")] = 1,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            help="GPUs on each node as N, or MIG instances as PROFILE:N (1g.18gb:2); wins over --gpus-per-node"
+        ),
+    ] = None,
     cpus: Annotated[int, typer.Option(min=0, help="CPUs on each node (0: no limit)")] = 0,
     mem: Annotated[str | None, typer.Option(help="memory on each node, e.g. 64G")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="time limit: 90m, 4h, 2d or [D-]HH:MM:SS")] = None,
@@ -225,12 +245,14 @@ def submit(
         raise InvalidInput("--set gives a template's params: name the template with --template")
     if environment is not None and "=" in environment:
         raise InvalidInput("--env names a runtime environment, NAME[:VERSION]; variables are --export NAME=VALUE")
+    profile, count = parse_gpus(gpus) if gpus is not None else (None, gpus_per_node)
     body: dict[str, Any] = {
         "name": name,
         "project": project,
         "user": user,
         "nodes": nodes,
-        "gpus_per_node": gpus_per_node,
+        "gpus_per_node": count,
+        "gpu_profile": profile,
         "cpus_per_node": cpus,
         "mem_per_node_mib": parse_mem(mem) if mem else 0,
         "time_limit_s": parse_time(time_limit) if time_limit else None,

@@ -61,6 +61,10 @@ class Node(Base):
     # The workload manager's own word for the node when it is not gpufleet (Slurm: "idle", "mixed",
     # "drained", "down*"...), read every slurm_poll_interval_s; None under the built-in one.
     wlm_state: Mapped[str | None] = mapped_column(String(32), default=None)
+    # MIG layouts (sharing.reconcile): when the head last asked the agent for one, unanswered or refused
+    # (None: nothing outstanding), and what the agent could not apply, by GPU index.
+    mig_sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    mig_errors: Mapped[dict[str, str]] = mapped_column(JSON, default=dict, server_default="{}")
 
     gpus: Mapped[list[Gpu]] = relationship(
         back_populates="node", cascade="all, delete-orphan", order_by="Gpu.index", lazy="selectin"
@@ -101,6 +105,8 @@ class Gpu(Base):
     ecc_mode: Mapped[str | None] = mapped_column(String(16), default=None)
     compute_capability: Mapped[str | None] = mapped_column(String(256), default=None)
     power_limit_w: Mapped[float | None] = mapped_column(Float, default=None)
+    # The MIG devices while MIG is on, as the agent reported them (protocol.mig.MigInstance as dicts).
+    mig: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default="[]")
 
     node: Mapped[Node] = relationship(back_populates="gpus")
 

@@ -1,8 +1,11 @@
 """GPU time: what each project has used (fair share, budgets) and the usage report.
 
 Everything is computed from the ranks: a rank holds `len(gpu_indexes)` GPUs from `assigned_at` until
-`ended_at` (or now, while it still holds them). Ranks, not jobs, because a requeued job runs several
-times on different nodes, and a cancelled job's GPUs stay held until its processes are gone.
+`ended_at` (or now, while it still holds them); a rank of a MIG profile holds its devices, each counted as
+its share of a GPU (a 1g instance is 1/7: inventory.mig_layouts.instance_fraction), and a rank on time-sliced
+or MPS replicas 1/N of a GPU for each (protocol.sharing). Ranks, not jobs,
+because a requeued job runs several times on different nodes, and a cancelled job's GPUs stay held
+until its processes are gone.
 
 Fair share needs each project's *decayed* use: a GPU-second used `a` seconds ago counts 2^(-a/H) for the
 half-life H. Over a rank's interval [s, e] that integral has a closed form,
@@ -24,9 +27,11 @@ from sqlalchemy.orm import Session
 
 from gpufleet.auth.projects import BudgetPeriod, Project
 from gpufleet.core.clock import to_datetime
+from gpufleet.inventory.mig_layouts import instance_fraction
 from gpufleet.jobs.models import Job, JobRank
 from gpufleet.jobs.scheduler import ProjectLimits
 from gpufleet.jobs.schemas import UsageReport, UsageRow
+from gpufleet.protocol.sharing import SHARED_PROFILE, share_of
 
 # Ranks that ended longer ago than this many half-lives weigh under 0.1 % in fair share: not read.
 FORGET_AFTER_HALF_LIVES = 10
@@ -39,7 +44,7 @@ class Held:
     job_id: int
     user: str
     project: str | None
-    gpus: int
+    gpus: float
     start: float
     end: float | None  # None: still held
 
@@ -51,14 +56,37 @@ class Held:
 def holdings(session: Session, ended_after: float) -> list[Held]:
     """Ranks held now or ended after `ended_after`."""
     rows = session.execute(
-        select(JobRank.job_id, Job.user, Job.project, JobRank.gpu_indexes, JobRank.assigned_at, JobRank.ended_at)
+        select(
+            JobRank.job_id,
+            Job.user,
+            Job.project,
+            JobRank.gpu_indexes,
+            JobRank.gpu_uuids,
+            Job.gpu_profile,
+            JobRank.assigned_at,
+            JobRank.ended_at,
+        )
         .join(Job, Job.id == JobRank.job_id)
         .where(or_(JobRank.ended_at.is_(None), JobRank.ended_at > to_datetime(ended_after)))
     )
     return [
-        Held(job_id, user, project, len(gpus), start.timestamp(), end.timestamp() if end is not None else None)
-        for job_id, user, project, gpus, start, end in rows
+        Held(
+            job_id,
+            user,
+            project,
+            _held_gpus(gpus, uuids or [], profile),
+            start.timestamp(),
+            end.timestamp() if end is not None else None,
+        )
+        for job_id, user, project, gpus, uuids, profile, start, end in rows
     ]
+
+
+def _held_gpus(indexes: list[int], uuids: list[str], profile: str | None) -> float:
+    """GPUs a rank holds: whole GPUs, MIG instances at their share, replicas at 1/N of their GPU."""
+    if profile == SHARED_PROFILE:
+        return sum(share_of(u) for u in uuids)
+    return len(indexes) * (instance_fraction(profile) if profile else 1.0)
 
 
 def decayed_gpu_seconds(held: Held, now: float, half_life_s: float) -> float:

@@ -15,11 +15,12 @@ from sqlalchemy.orm import Session
 
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import describe
-from gpufleet.inventory.models import Node
+from gpufleet.inventory.models import Gpu, Node
 from gpufleet.jobs import lifecycle
 from gpufleet.jobs.models import Job, JobRank, RankState
 from gpufleet.protocol.artifacts import StageRef
 from gpufleet.protocol.jobs import JobCancel, JobStart
+from gpufleet.protocol.sharing import device_uuid, mps_environment
 
 RESEND_S = 5.0
 # torchrun's rendezvous port on the rank-0 node: one per job id, in a range clear of the usual services.
@@ -92,11 +93,11 @@ def _start(session: Session, job: Job, rank: JobRank, masters: dict[int, str], n
         project=job.project or "",
         argv=job.argv,
         script=job.script,
-        env=job.env,
+        env=job.env | _sharing_env(session, rank),
         workdir=job.workdir,
         container=job.container,
         gpu_indexes=rank.gpu_indexes,
-        gpu_uuids=rank.gpu_uuids,
+        gpu_uuids=[device_uuid(u) for u in rank.gpu_uuids],  # a replica runs on its GPU
         cpus=job.cpus_per_node,
         mem_mib=job.mem_per_node_mib,
         # The agent counts the limit from when it starts the rank; the head's clock started at placement.
@@ -105,6 +106,15 @@ def _start(session: Session, job: Job, rank: JobRank, masters: dict[int, str], n
         master_port=master_port(job.id),
         artifacts=[StageRef.model_validate(a) for a in job.artifacts],
     )
+
+
+def _sharing_env(session: Session, rank: JobRank) -> dict[str, str]:
+    """The MPS limits of a rank on MPS replicas (protocol.sharing); none for any other rank."""
+    if not any("@mps:" in u for u in rank.gpu_uuids):
+        return {}
+    uuids = [device_uuid(u) for u in rank.gpu_uuids]
+    memory = dict(session.execute(select(Gpu.uuid, Gpu.memory_total_mib).where(Gpu.uuid.in_(uuids))).tuples())
+    return mps_environment(rank.gpu_uuids, memory)
 
 
 def _since_placed(job: Job, now: float) -> float:

@@ -12,7 +12,7 @@ Functions take a session and a clock and never commit; each returns what the cal
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -65,10 +65,12 @@ def lock_job(session: Session, job_id: int) -> Job:
 
 @dataclass(frozen=True, slots=True)
 class NodeGpus:
-    """What placing a rank on a node needs: the node's id, and its GPUs' UUIDs by index."""
+    """What placing a rank on a node needs: the node's id, its GPUs' UUIDs by index, and the GPU index of
+    each of its MIG devices by UUID."""
 
     node_id: int
     uuids: Mapping[int, str]
+    mig_parent: Mapping[str, int] = field(default_factory=dict)
 
 
 def place(
@@ -77,9 +79,14 @@ def place(
     job: Job,
     allocation: Mapping[str, Sequence[int]],
     nodes: Mapping[str, NodeGpus],
+    instances: Mapping[str, Sequence[str]] | None = None,
 ) -> list[JobRank]:
-    """Start a new run of a pending job on these GPUs ({node name: GPU indexes}, rank order). `nodes`:
-    the nodes' ids and GPU UUIDs, as the scheduler pass read them once for all its placements."""
+    """Start a new run of a pending job on these GPUs ({node name: GPU indexes}, rank order), or, for a
+    job of a MIG profile, on these MIG devices ({node name: MIG UUIDs}: each rank's GPU indexes are then
+    the devices' GPUs, and CUDA_VISIBLE_DEVICES names the devices). `nodes`: the nodes' ids and UUIDs, as
+    the scheduler pass read them once for all its placements."""
+    if instances:
+        allocation = {name: [nodes[name].mig_parent[u] for u in uuids] for name, uuids in instances.items()}
     now = to_datetime(clock.now())
     job.run += 1
     job.state = JobState.RUNNING
@@ -97,7 +104,7 @@ def place(
                 node_id=node.node_id,
                 node=name,
                 gpu_indexes=list(gpus),
-                gpu_uuids=[node.uuids.get(i, "") for i in gpus],
+                gpu_uuids=list(instances[name]) if instances else [node.uuids.get(i, "") for i in gpus],
                 state=RankState.ASSIGNED,
                 assigned_at=now,
             )
@@ -431,6 +438,8 @@ class HeldRank:
     ends_by: float | None  # the job's time limit ends it then; None while not current
     cpus_per_node: int
     mem_per_node_mib: int
+    gpu_uuids: list[str] = field(default_factory=list)
+    profile: str | None = None  # its job's MIG profile: it holds the MIG devices in gpu_uuids
 
 
 def held_ranks(session: Session) -> list[HeldRank]:
@@ -449,13 +458,15 @@ def held_ranks(session: Session) -> list[HeldRank]:
             Job.time_limit_s,
             Job.cpus_per_node,
             Job.mem_per_node_mib,
+            JobRank.gpu_uuids,
+            Job.gpu_profile,
         )
         .join(Job, Job.id == JobRank.job_id)
         .where(JobRank.state != RankState.EXITED)
     )
     held = []
-    for job_id, run, node_id, node, gpus, project, state, job_run, started, limit, cpus, mem in rows:
+    for job_id, run, node_id, node, gpus, project, state, job_run, started, limit, cpus, mem, uuids, profile in rows:
         current = state is JobState.RUNNING and job_run == run
         ends = (started.timestamp() + limit) if current and started is not None else None
-        held.append(HeldRank(job_id, run, node_id, node, gpus, project, current, ends, cpus, mem))
+        held.append(HeldRank(job_id, run, node_id, node, gpus, project, current, ends, cpus, mem, uuids or [], profile))
     return held

@@ -83,6 +83,8 @@ class Job(Base):
     # submission so the scheduler reads one column and a later change to the catalog moves no queued job.
     environment: Mapped[str | None] = mapped_column(String(160), default=None)
     min_driver: Mapped[str | None] = mapped_column(String(32), default=None)
+    # A MIG profile ("1g.18gb"): each of its gpus_per_node is an instance of it, not a whole GPU.
+    gpu_profile: Mapped[str | None] = mapped_column(String(32), default=None)
     # The models and datasets it reads (protocol.artifacts.StageRef as dicts), copied at submission like the
     # environment: the agent stages them before the rank starts; the scheduler prefers nodes that hold them.
     artifacts: Mapped[list[dict[str, object]]] = mapped_column(JSON, default=list, server_default="[]")

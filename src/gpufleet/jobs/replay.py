@@ -50,7 +50,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
@@ -224,7 +224,7 @@ class _Replay:
         self.alloc: dict[str, dict[str, tuple[int, ...]]] = {}
         self.unschedulable: set[str] = set()
 
-        self.in_use: Counter[str] = Counter()  # GPUs held, by project
+        self.in_use: dict[str, float] = defaultdict(float)  # GPUs held, by project
         self.usage: dict[str, float] = {}
         self.t = 0.0
         self.alloc_int = 0.0

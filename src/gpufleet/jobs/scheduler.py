@@ -8,18 +8,19 @@ property-based tests over random clusters, and the throughput be benchmarked wit
 
 One pass, in order:
 
-1. Only schedulable nodes exist for the pass (`NodeView.schedulable`, see `node_schedulable`); a GPU is
-   free when the node reports it free *and* no running job holds it, so a stale view cannot double-book.
+1. Only schedulable nodes exist for the pass (`NodeView.schedulable`, see `node_schedulable`); a GPU (or
+   MIG instance) is free when the node reports it free *and* no running job holds it, so a stale view
+   cannot double-book.
 2. The queue is sorted: priority (higher first), then fair share (the project's decayed usage divided by
    its share, lower first), then submission time, then id, so the order is total and deterministic.
 3. Each job in turn is `unschedulable` (fits on no schedulable node even if all were empty), `quota`
    (its project would hold more than `max_gpus`), `budget` (its worst case, time limit x GPUs, plus what
    the project's running jobs may still use, exceeds the GPU-hours left), placed, or waits.
-4. The first job that waits for resources is the *top pending job*: it gets a reservation, the earliest
-   time the running jobs' time limits guarantee it fits, on named nodes. With backfill, later jobs still
-   run now if they stay off the reserved nodes or end (by their time limit) before the reservation
-   starts, so they never delay it; the others wait with `priority` (they would fit but for the
-   reservation) or `resources`. Without backfill nothing passes the top pending job.
+4. The first whole-GPU job that waits for resources is the *top pending job*: it gets a reservation,
+   the earliest time the running jobs' time limits guarantee it fits, on named nodes. With backfill,
+   later jobs still run now if they stay off the reserved nodes or end (by their time limit) before the
+   reservation starts, so they never delay it; the others wait with `priority` (they would fit but for
+   the reservation) or `resources`. Without backfill nothing passes the top pending job.
 
 Placement: a job's nodes each get `gpus_per_node` GPUs (a job asks for whole nodes' shares, so a
 multi-GPU job with `nodes=1` always stays on one node), preferring contiguous GPU indexes (GPUs that
@@ -30,6 +31,22 @@ version, `protocol.cuda`) lands only on nodes whose driver is at least that; wit
 the most of them (data locality: no copy before it starts), the placement policy breaking ties;
 without such a node, placement is as usual. Per category, "pack" fills the fullest node that fits
 (keeping whole nodes free for big jobs) and "spread" the emptiest (load balancing).
+
+MIG (Multi-Instance GPU): a node may have some GPUs split into instances (`NodeView.slices`, the free
+ones by profile). Those GPUs are not whole GPUs to the scheduler at all (not in `gpus`, not in
+`gpu_count`), so a whole-GPU job never lands on a sliced GPU and a slice job never on a whole one. A
+*slice job* (`JobRequest.profile`) asks `gpus_per_node` instances of one profile on each of its nodes;
+it is placed like a whole-GPU job (category, driver, CPUs and memory, data locality, pack or spread
+by the node's free instances of that profile, the lowest instance UUIDs first; a gang of several
+nodes prefers one switch), and an instance a running job holds is never given again, whatever the
+view says. What a job counts as in quotas and budgets is `gpus`, fractions included: an instance
+counts as its `fraction` of a GPU (1/7 for a 1g profile); the caller's fair-share `usage` should be
+charged the same way. A slice job never becomes the top pending job and never takes the reservation:
+waiting for instances it is `resources`, and the jobs after it go on as if it were not there
+(instances are small and churn fast, and holding whole nodes empty for one would idle their whole
+GPUs for a sliver of work). It does respect a reservation made for a whole-GPU job: on a reserved
+node (whose CPUs and memory the reservation counts on) it runs only if it ends before the reservation
+starts, and without backfill it waits behind the top pending job like any other.
 """
 
 from __future__ import annotations
@@ -61,8 +78,17 @@ class PendingReason(enum.StrEnum):
 class NodeView:
     """A schedulable-or-not node as the scheduler sees it: capacity, what is free now, where it sits.
 
-    `gpus` are the free GPU indexes (0 .. gpu_count-1); `cpus`/`mem_mib` are totals (used only to tell
-    `unschedulable` from `resources`; when left 0 the free figures stand in for them).
+    `gpus` are the free whole-GPU indexes and `gpu_count` how many whole GPUs the node has; `cpus`/`mem_mib`
+    are totals (used only to tell `unschedulable` from `resources`; when left 0 the free figures stand in
+    for them).
+
+    MIG: `slices` are the node's free MIG instances by profile name ("1g.18gb" -> the instances' MIG
+    device UUIDs, sorted), and `slice_capacity` how many instances of each profile the node has in all,
+    free or busy (to tell `unschedulable` from `resources`; when a profile is missing, the free ones
+    stand in). Invariant: a GPU in MIG mode is in neither `gpus` nor `gpu_count`: whole GPUs and sliced
+    GPUs are disjoint, so a whole-GPU job can never land on a sliced GPU. The whole-GPU indexes therefore
+    need not be 0 .. gpu_count-1 (GPU 0 sliced: gpu_count 7, whole GPUs 1-7); at most `gpu_count` of
+    them, the lowest, are used.
     """
 
     name: str
@@ -77,11 +103,20 @@ class NodeView:
     topology: str | None = None  # the switch or rack label; nodes sharing one are close on the network
     driver: DriverVersion | None = None  # the NVIDIA driver, as a version tuple; None: not known
     cached: frozenset[str] = frozenset()  # checksums of the models and datasets its cache holds
+    # Left out of the hash (dicts are not hashable), so a view stays hashable; equality still compares them.
+    slices: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)  # profile -> free MIG UUIDs
+    slice_capacity: Mapping[str, int] = field(default_factory=dict, hash=False)  # profile -> instances in all
 
 
 @dataclass(frozen=True, slots=True)
 class JobRequest:
-    """A queued job: `nodes` nodes, each with `gpus_per_node` GPUs, CPUs and memory (a gang: all or none)."""
+    """A queued job: `nodes` nodes, each with `gpus_per_node` GPUs, CPUs and memory (a gang: all or none).
+
+    With `profile` set it is a slice job: each node gives it `gpus_per_node` MIG instances of that
+    profile instead of whole GPUs (at least one; `nodes` > 1 is a gang of such nodes, supported).
+    `fraction` is what one of its GPUs (or instances) counts as in quotas, budgets and `gpus`: 1.0
+    for whole GPUs, the profile's share of the GPU (1/7 for 1g, 3/7 for 3g) for a slice job.
+    """
 
     id: str
     project: str
@@ -95,10 +130,13 @@ class JobRequest:
     category: str | None = None  # run only on nodes of this category (a partition); None: any
     min_driver: DriverVersion | None = None  # its environment's CUDA needs this driver or newer
     data: frozenset[str] = frozenset()  # checksums of its model and datasets: nodes holding them come first
+    profile: str | None = None  # a MIG profile ("1g.18gb"): instances of it, not whole GPUs; None: whole GPUs
+    fraction: float = 1.0  # what one of its GPUs counts as in quotas and budgets
 
     @property
-    def gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+    def gpus(self) -> float:
+        """GPUs it counts as in quotas and budgets: fractions of GPUs for a slice job."""
+        return self.nodes * self.gpus_per_node * self.fraction
 
     def runs_on(self, driver: DriverVersion | None) -> bool:
         """Whether a node with this driver can run the job (a node whose driver is unknown cannot, when
@@ -108,7 +146,13 @@ class JobRequest:
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
-    """A job already running: the GPUs it holds, and the time its limit ends it (for reservations)."""
+    """A job already running: the GPUs it holds, and the time its limit ends it (for reservations).
+
+    `allocation` holds whole GPUs only; a slice job's MIG instances are in `instances` (node -> UUIDs),
+    and its `allocation` names no GPU indexes (its nodes map to empty sets, or are left out): listing
+    the instances' parent GPUs there would count them as whole GPUs. A held instance is never given to
+    another job, even when a stale node view lists it as free.
+    """
 
     id: str
     project: str
@@ -116,18 +160,26 @@ class RunningJob:
     ends_by: float
     cpus_per_node: int = 0
     mem_per_node_mib: int = 0
+    instances: Mapping[str, frozenset[str]] = field(default_factory=dict)  # node -> MIG UUIDs held
+    fraction: float = 1.0  # what one of its instances counts as (see JobRequest.fraction)
 
     @property
-    def gpus(self) -> int:
-        return sum(len(g) for g in self.allocation.values())
+    def gpus(self) -> float:
+        """Whole GPUs held plus instances held times `fraction`."""
+        whole = sum(len(g) for g in self.allocation.values())
+        if not self.instances:
+            return float(whole)
+        return whole + sum(len(i) for i in self.instances.values()) * self.fraction
 
 
 @dataclass(frozen=True, slots=True)
 class ProjectLimits:
     """A project's quotas and fair-share standing. A project missing from `schedule`'s map has none.
 
-    `gpu_hours_left`: the period's budget less the GPU-hours already charged (running jobs' future use is
-    reserved by the scheduler itself). `usage`: decayed GPU-seconds (see `decay`). `share`: its weight.
+    `max_gpus`: GPUs held at once, MIG instances counting as their fraction (a small tolerance absorbs
+    float sums: seven 1/7 instances fit a max_gpus of 1). `gpu_hours_left`: the period's budget less the
+    GPU-hours already charged (running jobs' future use is reserved by the scheduler itself). `usage`:
+    decayed GPU-seconds (see `decay`), instances charged at their fraction. `share`: its weight.
     """
 
     max_gpus: int | None = None
@@ -150,8 +202,13 @@ class Policy:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
+    """Where a job starts. A whole-GPU job: `allocation` maps each node to its GPU indexes, `instances`
+    is empty. A slice job: `allocation` maps each node to () and `instances` maps it to the MIG UUIDs
+    (the caller finds each instance's parent GPU)."""
+
     job_id: str
     allocation: dict[str, tuple[int, ...]]  # node name -> GPU indexes
+    instances: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node name -> MIG UUIDs
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,10 +269,12 @@ class _Node:
         "mem_free",
         "name",
         "reserved",
+        "slice_cap",
+        "slices",
         "topology",
     )
 
-    def __init__(self, idx: int, view: NodeView, held: set[int] | None) -> None:
+    def __init__(self, idx: int, view: NodeView, held: set[int] | None, taken: set[str]) -> None:
         self.idx = idx
         self.name = view.name
         self.category = view.category
@@ -223,10 +282,25 @@ class _Node:
         self.driver = view.driver
         self.cached = view.cached
         self.gpu_count = view.gpu_count
-        free = {g for g in view.gpus if 0 <= g < view.gpu_count}
+        free = {g for g in view.gpus if g >= 0}
         if held:
             free -= held
-        self.free = sorted(free)
+        # Sliced GPUs are left out of both, so the indexes may run past gpu_count; never more than it.
+        self.free = sorted(free)[: max(view.gpu_count, 0)]
+        # MIG instances: the free ones by profile, less any a running job holds or an earlier node or
+        # profile listed (`taken`, shared by the pass: a UUID is given at most once, whatever the views say).
+        self.slices: dict[str, list[str]] = {}
+        self.slice_cap: dict[str, int] = {}
+        if view.slices or view.slice_capacity:
+            for profile, uuids in view.slices.items():
+                listed = sorted(set(uuids))
+                self.slices[profile] = [u for u in listed if u not in taken]
+                taken.update(listed)
+                self.slice_cap[profile] = max(view.slice_capacity.get(profile, 0), len(listed))
+            for profile, cap in view.slice_capacity.items():
+                if profile not in self.slices:
+                    self.slices[profile] = []
+                    self.slice_cap[profile] = cap
         self.cpu_free = view.cpus_free
         self.mem_free = view.mem_free_mib
         self.cpu_cap = max(view.cpus, view.cpus_free)
@@ -244,8 +318,33 @@ def _pick(free: list[int], n: int) -> list[int]:
     return free[:n]
 
 
-# category, nodes, then per node: GPUs, CPUs, memory; the least driver
-_Shape = tuple[str | None, int, int, int, int, DriverVersion | None]
+# category, nodes, then per node: GPUs, CPUs, memory; the least driver; the MIG profile (None: whole GPUs)
+_Shape = tuple[str | None, int, int, int, int, DriverVersion | None, str | None]
+
+
+def _category_order(cats: Iterable[str | None]) -> list[str | None]:
+    return sorted(cats, key=lambda c: (c is not None, c or ""))
+
+
+def _by_topology(cands: list[_Node], want: int, spread: bool) -> list[_Node]:
+    """`want` of the candidate nodes (at least that many), under as few topology labels as possible."""
+    groups: dict[str, list[_Node]] = {}
+    loose: list[_Node] = []
+    for n in cands:
+        if n.topology is None:
+            loose.append(n)
+        else:
+            groups.setdefault(n.topology, []).append(n)
+    whole = [grp for _, grp in sorted(groups.items()) if len(grp) >= want]
+    if whole:
+        # One switch holds the gang. Pack: the tightest such switch (keep roomy ones for bigger
+        # gangs); spread: the roomiest. Ties go to the label order, for determinism.
+        pick = (max if spread else min)(whole, key=len)
+        return pick[:want]
+    # Span as few switches as possible: the biggest groups first, unlabelled nodes last.
+    ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    out = [n for _, grp in ranked for n in grp] + loose
+    return out[:want]
 
 
 class _Pass:
@@ -256,6 +355,9 @@ class _Pass:
     node. Within a pass free resources only ever shrink (placements take, nothing is released), so a
     shape that did not fit once cannot fit later in the pass: `_no_fit` remembers it, which keeps a full
     cluster with 10,000 queued jobs at a few dictionary look-ups per job instead of a node scan each.
+
+    MIG instances have the same kind of index, one per profile (`sbuckets[profile][category][free
+    instances of it]`), and the profile is part of the shape, so slice jobs get the same guarantees.
     """
 
     def __init__(self, nodes: Sequence[NodeView], running: Sequence[RunningJob], policy: Policy) -> None:
@@ -264,10 +366,14 @@ class _Pass:
         for job in running:
             for name, gpus in job.allocation.items():
                 held.setdefault(name, set()).update(gpus)
+        taken: set[str] = set()  # MIG UUIDs running jobs hold, then those a node already listed
+        for job in running:
+            for uuids in job.instances.values():
+                taken.update(uuids)
         self.nodes: list[_Node] = []
         for view in nodes:
             if view.schedulable:
-                self.nodes.append(_Node(len(self.nodes), view, held.get(view.name)))
+                self.nodes.append(_Node(len(self.nodes), view, held.get(view.name), taken))
         self.by_name = {n.name: n for n in self.nodes}
         self.holders: dict[str, list[str]] = {}  # checksum -> the nodes whose cache holds it
         for n in self.nodes:
@@ -277,14 +383,41 @@ class _Pass:
         self.buckets: dict[str | None, list[set[int]]] = {}
         for n in self.nodes:
             self.buckets.setdefault(n.category, [set() for _ in range(self.width)])[len(n.free)].add(n.idx)
-        self.categories = sorted(self.buckets, key=lambda c: (c is not None, c or ""))
+        self.categories = _category_order(self.buckets)
+        # The same index for MIG instances, per profile: bucket by the node's free instances of it.
+        self.sbuckets: dict[str, dict[str | None, list[set[int]]]] = {}
+        self.swidth: dict[str, int] = {}
+        self.scats: dict[str, list[str | None]] = {}
+        self.profile_nodes: dict[str, list[_Node]] = {}  # the nodes that have instances of a profile
+        self._index_slices()
         self.reserved: list[_Node] = []
         self._no_fit: set[tuple[_Shape, bool]] = set()
         self._capacity: dict[_Shape, bool] = {}
 
+    def _index_slices(self) -> None:
+        for n in self.nodes:
+            for profile, free_slices in n.slices.items():
+                self.profile_nodes.setdefault(profile, []).append(n)
+                self.swidth[profile] = max(self.swidth.get(profile, 1), len(free_slices) + 1)
+        for profile, having in self.profile_nodes.items():
+            width = self.swidth[profile]
+            by_cat: dict[str | None, list[set[int]]] = {}
+            for n in having:
+                by_cat.setdefault(n.category, [set() for _ in range(width)])[len(n.slices[profile])].add(n.idx)
+            self.sbuckets[profile] = by_cat
+            self.scats[profile] = _category_order(by_cat)
+
     @staticmethod
     def shape(job: JobRequest) -> _Shape:
-        return (job.category, job.nodes, job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mib, job.min_driver)
+        return (
+            job.category,
+            job.nodes,
+            job.gpus_per_node,
+            job.cpus_per_node,
+            job.mem_per_node_mib,
+            job.min_driver,
+            job.profile,
+        )
 
     def _cats(self, category: str | None) -> Iterable[str | None]:
         if category is None:
@@ -296,9 +429,21 @@ class _Pass:
         shape = self.shape(job)
         known = self._capacity.get(shape)
         if known is None:
-            cat, count, g, c, m, _ = shape
+            cat, count, g, c, m, _, profile = shape
             ok_nodes = 0
-            if count >= 1 and g >= 0:
+            if profile is not None:
+                # A slice job: nodes with at least `g` instances of its profile (free or not), g >= 1.
+                if count >= 1 and g >= 1:
+                    for n in self.profile_nodes.get(profile, ()):
+                        if (
+                            (cat is None or n.category == cat)
+                            and n.slice_cap[profile] >= g
+                            and n.cpu_cap >= c
+                            and n.mem_cap >= m
+                            and job.runs_on(n.driver)
+                        ):
+                            ok_nodes += 1
+            elif count >= 1 and g >= 0:
                 for n in self.nodes:
                     if (
                         (cat is None or n.category == cat)
@@ -317,7 +462,10 @@ class _Pass:
         key = (shape, include_reserved)
         if key in self._no_fit:
             return None
-        if job.nodes == 1:
+        if job.profile is not None:
+            local = self._find_local(job, include_reserved) if job.nodes == 1 else None
+            found = [local] if local is not None else self._find_slices(job, include_reserved)
+        elif job.nodes == 1:
             one = self._find_local(job, include_reserved) or self._find_one(job, include_reserved)
             found = [one] if one is not None else None
         else:
@@ -326,9 +474,14 @@ class _Pass:
             self._no_fit.add(key)
         return found
 
+    @staticmethod
+    def _free(n: _Node, job: JobRequest) -> int:
+        """The node's free GPUs for a whole-GPU job, free instances of its profile for a slice job."""
+        return len(n.free) if job.profile is None else len(n.slices.get(job.profile, ()))
+
     def _fits(self, n: _Node, job: JobRequest) -> bool:
         return (
-            len(n.free) >= job.gpus_per_node
+            self._free(n, job) >= job.gpus_per_node
             and n.cpu_free >= job.cpus_per_node
             and n.mem_free >= job.mem_per_node_mib
             and job.runs_on(n.driver)
@@ -348,8 +501,11 @@ class _Pass:
         if not fits:
             return None
         spread = self.policy.for_category(job.category) == "spread"
-        # Most data held first; then the placement policy (pack: fewest free GPUs); then the name.
-        return min(fits, key=lambda n: (-len(n.cached & job.data), -len(n.free) if spread else len(n.free), n.name))
+        # Most data held first; then the placement policy (pack: fewest free GPUs or instances); then the name.
+        return min(
+            fits,
+            key=lambda n: (-len(n.cached & job.data), -self._free(n, job) if spread else self._free(n, job), n.name),
+        )
 
     def _find_one(self, job: JobRequest, include_reserved: bool) -> _Node | None:
         g, c, m = job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mib
@@ -386,6 +542,75 @@ class _Pass:
                 found = (max if spread else min)(fits, key=lambda n: len(n.free))
         return found
 
+    def _find_slices(self, job: JobRequest, include_reserved: bool) -> list[_Node] | None:
+        """Nodes for a slice job: `nodes` of them, each with `gpus_per_node` free instances of its profile.
+
+        One node: per category the fullest (pack) or emptiest (spread) fit by free instances of the
+        profile, a pack category's fit winning across categories, as `_find_one` does for whole GPUs.
+        A gang: the fitting nodes, ordered the same way, grouped by topology as `_find_gang` does.
+        """
+        profile = job.profile
+        by_cat = self.sbuckets.get(profile) if profile is not None else None
+        if profile is None or by_cat is None or job.gpus_per_node < 1:
+            return None
+        cats: Sequence[str | None] = (
+            self.scats[profile] if job.category is None else ((job.category,) if job.category in by_cat else ())
+        )
+        extra = [n for n in self.reserved if job.category in (None, n.category)] if include_reserved else []
+        if job.nodes == 1:
+            one = self._find_one_slice(job, profile, by_cat, cats)
+            if one is None and extra:
+                fits = [n for n in extra if self._fits(n, job)]
+                if fits:
+                    spread = self.policy.for_category(job.category) == "spread"
+                    one = (max if spread else min)(fits, key=lambda n: self._free(n, job))
+            return [one] if one is not None else None
+        g, c, m = job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mib
+        width = self.swidth[profile]
+        spread = self.policy.for_category(job.category) == "spread"
+        order = range(width - 1, g - 1, -1) if spread else range(g, width)
+        cands = [
+            self.nodes[i]
+            for k in order
+            for cat in cats
+            for i in by_cat[cat][k]
+            if self.nodes[i].cpu_free >= c and self.nodes[i].mem_free >= m and job.runs_on(self.nodes[i].driver)
+        ]
+        cands += [n for n in extra if self._fits(n, job)]
+        if len(cands) < job.nodes:
+            return None
+        return _by_topology(cands, job.nodes, spread)
+
+    def _find_one_slice(
+        self, job: JobRequest, profile: str, by_cat: dict[str | None, list[set[int]]], cats: Iterable[str | None]
+    ) -> _Node | None:
+        """One unreserved node for a one-node slice job, walking the profile's buckets like `_find_one`."""
+        g, c, m = job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mib
+        width = self.swidth[profile]
+        best_pack: _Node | None = None
+        best_spread: _Node | None = None
+        for cat in cats:
+            buckets = by_cat[cat]
+            spread = self.policy.for_category(cat) == "spread"
+            hit: _Node | None = None
+            for k in range(width - 1, g - 1, -1) if spread else range(g, width):
+                for i in buckets[k]:
+                    n = self.nodes[i]
+                    if n.cpu_free >= c and n.mem_free >= m and job.runs_on(n.driver):
+                        hit = n
+                        break
+                if hit is not None:
+                    break
+            if hit is None:
+                continue
+            free = len(hit.slices[profile])
+            if spread:
+                if best_spread is None or free > len(best_spread.slices[profile]):
+                    best_spread = hit
+            elif best_pack is None or free < len(best_pack.slices[profile]):
+                best_pack = hit
+        return best_pack or best_spread
+
     def _find_gang(self, job: JobRequest, include_reserved: bool) -> list[_Node] | None:
         g, c, m, want = job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mib, job.nodes
         cats = list(self._cats(job.category))
@@ -405,23 +630,7 @@ class _Pass:
         cands += [n for n in extra if self._fits(n, job)]
         if len(cands) < want:
             return None
-        groups: dict[str, list[_Node]] = {}
-        loose: list[_Node] = []
-        for n in cands:
-            if n.topology is None:
-                loose.append(n)
-            else:
-                groups.setdefault(n.topology, []).append(n)
-        whole = [grp for _, grp in sorted(groups.items()) if len(grp) >= want]
-        if whole:
-            # One switch holds the gang. Pack: the tightest such switch (keep roomy ones for bigger
-            # gangs); spread: the roomiest. Ties go to the label order, for determinism.
-            pick = (max if spread else min)(whole, key=len)
-            return pick[:want]
-        # Span as few switches as possible: the biggest groups first, unlabelled nodes last.
-        ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
-        out = [n for _, grp in ranked for n in grp] + loose
-        return out[:want]
+        return _by_topology(cands, want, spread)
 
     def take(self, job: JobRequest, chosen: list[_Node]) -> dict[str, tuple[int, ...]]:
         """Give the job its GPUs, CPUs and memory on `chosen`, keeping the buckets right."""
@@ -439,6 +648,27 @@ class _Pass:
                 self.buckets[n.category][len(n.free)].add(n.idx)
             alloc[n.name] = tuple(gpus)
         return alloc
+
+    def take_slices(
+        self, job: JobRequest, profile: str, chosen: list[_Node]
+    ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[str, ...]]]:
+        """Give a slice job the lowest free instances of its `profile`, CPUs and memory on `chosen`:
+        (allocation with no GPU indexes, instances by node)."""
+        alloc: dict[str, tuple[int, ...]] = {}
+        instances: dict[str, tuple[str, ...]] = {}
+        g = job.gpus_per_node
+        for n in chosen:
+            free = n.slices[profile]
+            if not n.reserved:
+                self.sbuckets[profile][n.category][len(free)].discard(n.idx)
+            n.slices[profile] = free[g:]
+            n.cpu_free -= job.cpus_per_node
+            n.mem_free -= job.mem_per_node_mib
+            if not n.reserved:
+                self.sbuckets[profile][n.category][len(free) - g].add(n.idx)
+            alloc[n.name] = ()
+            instances[n.name] = tuple(free[:g])
+        return alloc, instances
 
     def reserve(
         self, job: JobRequest, releases: list[tuple[float, str, int, int, int]], now: float
@@ -481,6 +711,8 @@ class _Pass:
         for name in names:
             n = self.by_name[name]
             self.buckets[n.category][len(n.free)].discard(n.idx)
+            for profile, free in n.slices.items():
+                self.sbuckets[profile][n.category][len(free)].discard(n.idx)
             n.reserved = True
             self.reserved.append(n)
         return Reservation(job.id, at, tuple(names))
@@ -492,16 +724,20 @@ class _Books:
     def __init__(self, running: Sequence[RunningJob], projects: Mapping[str, ProjectLimits], now: float) -> None:
         self.projects = projects
         self.now = now
-        self.in_use: dict[str, int] = {}
+        self.in_use: dict[str, float] = {}
         self.committed: dict[str, float] = {}
         # (time, node, GPUs, CPUs, memory) each job gives back at the latest: what reservations replay.
         self.releases: list[tuple[float, str, int, int, int]] = []
         for r in running:
-            self.in_use[r.project] = self.in_use.get(r.project, 0) + r.gpus
+            held = r.gpus
+            self.in_use[r.project] = self.in_use.get(r.project, 0.0) + held
             left_s = max(r.ends_by - now, 0.0)
-            self.committed[r.project] = self.committed.get(r.project, 0.0) + r.gpus * left_s / 3600.0
+            self.committed[r.project] = self.committed.get(r.project, 0.0) + held * left_s / 3600.0
             for name, gpus in r.allocation.items():
                 self.releases.append((r.ends_by, name, len(gpus), r.cpus_per_node, r.mem_per_node_mib))
+            for name in r.instances:
+                if name not in r.allocation:  # a slice job's nodes give back CPUs and memory, no GPUs
+                    self.releases.append((r.ends_by, name, 0, r.cpus_per_node, r.mem_per_node_mib))
 
     def limits(self, project: str) -> ProjectLimits:
         return self.projects.get(project) or _NO_LIMITS
@@ -509,16 +745,19 @@ class _Books:
     def refusal(self, job: JobRequest) -> PendingReason | None:
         """`quota` or `budget` when the job's project may not start it now, else None."""
         lim = self.limits(job.project)
-        if lim.max_gpus is not None and self.in_use.get(job.project, 0) + job.gpus > lim.max_gpus:
+        gpus = job.gpus
+        if lim.max_gpus is not None and self.in_use.get(job.project, 0.0) + gpus > lim.max_gpus + _EPS:
             return PendingReason.QUOTA
-        cost = job.gpus * job.time_limit_s / 3600.0
-        if lim.gpu_hours_left is not None and self.committed.get(job.project, 0.0) + cost > lim.gpu_hours_left + 1e-9:
+        cost = gpus * job.time_limit_s / 3600.0
+        if lim.gpu_hours_left is not None and self.committed.get(job.project, 0.0) + cost > lim.gpu_hours_left + _EPS:
             return PendingReason.BUDGET
         return None
 
     def charge(self, job: JobRequest, alloc: Mapping[str, tuple[int, ...]]) -> None:
-        self.in_use[job.project] = self.in_use.get(job.project, 0) + job.gpus
-        cost = job.gpus * job.time_limit_s / 3600.0
+        """Count a placed job; its nodes' releases (a slice job's allocation is {node: ()}: no GPUs)."""
+        gpus = job.gpus
+        self.in_use[job.project] = self.in_use.get(job.project, 0.0) + gpus
+        cost = gpus * job.time_limit_s / 3600.0
         self.committed[job.project] = self.committed.get(job.project, 0.0) + cost
         end = self.now + job.time_limit_s
         self.releases.extend((end, n, len(g), job.cpus_per_node, job.mem_per_node_mib) for n, g in alloc.items())
@@ -530,6 +769,15 @@ class _Books:
 
 
 _NO_LIMITS = ProjectLimits()
+_EPS = 1e-9  # float sums of fractions: seven 1/7 instances are one GPU, not a hair more
+
+
+def _start(state: _Pass, job: JobRequest, chosen: list[_Node]) -> Placement:
+    """Take what the job gets on `chosen`: whole GPUs, or instances of its profile."""
+    if job.profile is None:
+        return Placement(job.id, state.take(job, chosen))
+    alloc, instances = state.take_slices(job, job.profile, chosen)
+    return Placement(job.id, alloc, instances)
 
 
 def schedule(
@@ -575,10 +823,10 @@ def schedule(
             if chosen is None and now + job.time_limit_s <= res.start_at:
                 chosen = state.find(job, include_reserved=True)
         if chosen is not None:
-            alloc = state.take(job, chosen)
-            out.placements.append(Placement(job.id, alloc))
-            books.charge(job, alloc)
-        elif res is None and not blocked:
+            placement = _start(state, job, chosen)
+            out.placements.append(placement)
+            books.charge(job, placement.allocation)
+        elif res is None and not blocked and job.profile is None:
             # The top pending job: reserve its nodes, unless it would not fit even when every job has ended
             # (GPUs missing but not held), in which case the next waiting job may have the reservation.
             out.pending[job.id] = PendingReason.RESOURCES
@@ -589,6 +837,8 @@ def schedule(
                     no_reservation.add(shape)
             blocked = not policy.backfill
         else:
+            # Held for the reservation (or behind the top job, without backfill) when it would fit now
+            # but for that; else waiting for resources. A slice job never reserves: it lands here too.
             fits = state.find(job, include_reserved=True) is not None
             out.pending[job.id] = PendingReason.PRIORITY if fits else PendingReason.RESOURCES
     return out

@@ -57,6 +57,17 @@ class JobSubmit(BaseModel):
     # A job array in Slurm's syntax (`0-999`, `1,3,5-7`, `0-15:4`, with `%N` to run at most N at once):
     # one job per task, parsed with a clear error at submit (jobs.arrays).
     array: Annotated[str, StringConstraints(max_length=MAX_SPEC_CHARS)] | None = None
+    # A MIG profile: each of gpus_per_node is then an instance of it ("1g.18gb"), not a whole GPU; or
+    # "shared": a time-sliced or MPS replica of a GPU (protocol.sharing). One node.
+    gpu_profile: Annotated[str, StringConstraints(pattern=r"^([1-8]g\.[0-9]{1,4}gb|shared)$")] | None = None
+
+    @model_validator(mode="after")
+    def _one_instance_job(self) -> JobSubmit:
+        if self.gpu_profile is not None and (self.nodes != 1 or self.gpus_per_node < 1):
+            raise ValueError(
+                "a job of MIG instances or shared GPUs (gpu_profile) runs on one node and asks for 1 or more"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_command(self) -> JobSubmit:
@@ -121,6 +132,7 @@ class JobOut(BaseModel):
     partition: str | None = None  # the Slurm partition it runs in
     environment: str | None = None  # the runtime environment it runs in (name:version)
     min_driver: str | None = None  # the NVIDIA driver that environment needs; it runs only where one is
+    gpu_profile: str | None = None  # a MIG profile: its GPUs are instances of it
     # A task of a job array: the array's job id (its first task's id), this task's id, how many of the
     # array's tasks may run at once, and how many tasks the array has.
     array_job_id: int | None = None

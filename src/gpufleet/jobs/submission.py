@@ -24,11 +24,14 @@ from sqlalchemy.orm import Session
 from gpufleet.auth.projects import Project, get_project, user_and_projects
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.core.errors import Forbidden, InvalidInput
-from gpufleet.inventory.models import Node
+from gpufleet.inventory.mig_layouts import instance_fraction
+from gpufleet.inventory.models import Gpu, Node
 from gpufleet.jobs import arrays, artifacts, environments
 from gpufleet.jobs.models import Job, JobState
 from gpufleet.jobs.schemas import MAX_COMMAND_BYTES, JobSubmit
 from gpufleet.protocol.jobs import MAX_ENV
+from gpufleet.protocol.mig import profiles_of
+from gpufleet.protocol.sharing import SHARED_PROFILE
 
 NAME_CHARS = 128  # Job.name and the job_start message's name
 
@@ -96,10 +99,14 @@ def _checked(
         raise InvalidInput(f"time limit {time_limit:.0f}s is over the cluster's maximum {limits.max_time_limit_s:.0f}s")
     if spec.priority > 0 and not who.admin:
         raise Forbidden("only job admins may raise a job's priority above 0")
-    check_capacity(session, spec)
+    if spec.gpu_profile is None:
+        check_capacity(session, spec)
+    elif spec.gpu_profile != SHARED_PROFILE:  # replicas: as many as nodes share; the scheduler says if none
+        check_profile(session, spec.gpu_profile)
     staged = artifacts.for_job(session, project.name if project else None, spec.model, spec.datasets)
     if project is not None:
-        _check_quota(project, spec.nodes * spec.gpus_per_node, time_limit)
+        share = instance_fraction(spec.gpu_profile) if spec.gpu_profile else 1.0  # shared: the least, 1/48
+        _check_quota(project, spec.nodes * spec.gpus_per_node * share, time_limit)
     return {
         "name": spec.name or (spec.argv[0].rsplit("/", 1)[-1][:NAME_CHARS] if spec.argv else "script"),
         "user": run_as,
@@ -109,6 +116,7 @@ def _checked(
         "reason": "submitted: " + ("waiting for the scheduler" if backend == "builtin" else "waiting to go to Slurm"),
         "nodes": spec.nodes,
         "gpus_per_node": spec.gpus_per_node,
+        "gpu_profile": spec.gpu_profile,
         "cpus_per_node": spec.cpus_per_node,
         "mem_per_node_mib": spec.mem_per_node_mib,
         "time_limit_s": time_limit,
@@ -223,10 +231,20 @@ def check_capacity(session: Session, spec: JobSubmit) -> None:
     )
 
 
-def _check_quota(project: Project, gpus: int, time_limit_s: float) -> None:
+def check_profile(session: Session, profile: str) -> None:
+    """Refuse a MIG profile that no GPU model of the inventory offers (a typo would wait forever). One the
+    GPUs offer but no layout makes yet is taken: its jobs wait, unschedulable, until a layout makes it."""
+    models = session.execute(select(Gpu.model, func.max(Gpu.memory_total_mib)).group_by(Gpu.model)).all()
+    offered = {name for model, memory in models for name in profiles_of(model, memory)}
+    if profile not in offered:
+        known = ", ".join(sorted(offered)) or "none: no GPU here has MIG"
+        raise InvalidInput(f"no GPU in the inventory has MIG profile {profile}; the profiles offered: {known}")
+
+
+def _check_quota(project: Project, gpus: float, time_limit_s: float) -> None:
     name = project.name
-    if project.max_gpus is not None and gpus > project.max_gpus:
-        raise InvalidInput(f"the job asks for {gpus} GPUs, over project {name}'s quota of {project.max_gpus} at once")
+    if project.max_gpus is not None and gpus > project.max_gpus + 1e-9:
+        raise InvalidInput(f"the job asks for {gpus:g} GPUs, over project {name}'s quota of {project.max_gpus} at once")
     worst = gpus * time_limit_s / 3600.0
     if project.gpu_hours_budget is not None and worst > project.gpu_hours_budget:
         raise InvalidInput(

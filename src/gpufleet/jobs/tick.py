@@ -25,9 +25,9 @@ overlap) a GPU taken in between is caught by the re-check, made with the jobs' r
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -35,6 +35,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.core.clock import Clock
 from gpufleet.core.db import transaction
+from gpufleet.inventory import categories, mig_layouts
+from gpufleet.inventory.mig_layouts import instance_fraction
 from gpufleet.inventory.models import Gpu, Node
 from gpufleet.jobs import accounting, arrays, artifacts, environments, lifecycle
 from gpufleet.jobs.models import Job, JobRank, JobState, RankState
@@ -50,6 +52,7 @@ from gpufleet.jobs.scheduler import (
     schedule,
 )
 from gpufleet.protocol.cuda import parse_driver
+from gpufleet.protocol.sharing import MAX_REPLICAS, SHARED_PROFILE, SharingMode, parse_sharing, replica_key, share_of
 
 REASONS = {
     PendingReason.QUOTA: "quota: the project holds its maximum of GPUs at once",
@@ -139,6 +142,7 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
             Job.array_job_id,
             Job.array_task_id,
             Job.array_throttle,
+            Job.gpu_profile,
         ).where(Job.state == JobState.PENDING)
     ).all()
     if not rows:
@@ -161,6 +165,8 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
             category=row.category,
             min_driver=parse_driver(row.min_driver) if row.min_driver else None,
             data=frozenset(str(a["sha256"]) for a in row.artifacts or ()),
+            profile=row.gpu_profile,
+            fraction=instance_fraction(row.gpu_profile) if row.gpu_profile else 1.0,
         )
         for row in rows
     ]
@@ -168,7 +174,9 @@ def plan(session: Session, clock: Clock, settings: TickSettings) -> Plan:
     drivers = {str(row.id): row.min_driver for row in rows if row.min_driver}
     by_id = {job.id: job for job in queue}
     held = lifecycle.held_ranks(session)
-    views, gpu_ids = _nodes(session, held, frozenset().union(*(job.data for job in queue)))
+    views, gpu_ids, replica_share = _nodes(session, held, frozenset().union(*(job.data for job in queue)))
+    # A queued replica counts as the largest share a sharing node gives one (its quota check errs safe).
+    queue = [replace(j, fraction=replica_share) if j.profile == SHARED_PROFILE else j for j in queue]
     limits = accounting.project_limits(session, now, settings.half_life_s)
     decisions = schedule(views, _running(held, now), queue, limits, now, settings.policy)
     unschedulable = [by_id[i] for i, why in decisions.pending.items() if why is PendingReason.UNSCHEDULABLE]
@@ -241,7 +249,7 @@ def apply(session: Session, clock: Clock, found: Plan, settings: TickSettings) -
     session.flush()
     placed = []
     if found.placements:
-        names = {n for p in found.placements for n in p.allocation}
+        names = {n for p in found.placements for n in (*p.allocation, *p.instances)}
         usable = _schedulable(session, names)
         busy = _busy_gpus(session, names)
         ids = [int(p.job_id) for p in found.placements]
@@ -250,17 +258,18 @@ def apply(session: Session, clock: Clock, found: Plan, settings: TickSettings) -
             jobs.update(lifecycle.lock_jobs(session, ids[start : start + UPDATE_BATCH]))
         for placement in found.placements:
             job = jobs.get(int(placement.job_id))
-            wanted = {(node, gpu) for node, gpus in placement.allocation.items() for gpu in gpus}
+            wanted: set[tuple[str, int | str]] = {(n, g) for n, gpus in placement.allocation.items() for g in gpus}
+            wanted |= {(n, u) for n, uuids in placement.instances.items() for u in uuids}
             # Cancelled, a node drained or lost, or a GPU taken (by a leader that overlapped this one)
             # since the snapshot: it waits for the next pass.
             if (
                 job is None
                 or job.state is not JobState.PENDING
-                or not usable.issuperset(placement.allocation)
+                or not usable.issuperset({*placement.allocation, *placement.instances})
                 or not busy.isdisjoint(wanted)
             ):
                 continue
-            lifecycle.place(session, clock, job, placement.allocation, found.gpus)
+            lifecycle.place(session, clock, job, placement.allocation, found.gpus, placement.instances)
             busy |= wanted
             placed.append(job.id)
     for reason, waiting in found.reasons.items():
@@ -274,14 +283,19 @@ def apply(session: Session, clock: Clock, found: Plan, settings: TickSettings) -
     return TickResult(placed=placed, ended=ended, waiting=found.waiting)
 
 
-def _busy_gpus(session: Session, names: set[str]) -> set[tuple[str, int]]:
-    """(node, GPU) pairs that ranks hold now on these nodes."""
+def _busy_gpus(session: Session, names: set[str]) -> set[tuple[str, int | str]]:
+    """(node, GPU index) and (node, MIG UUID) pairs that ranks hold now on these nodes: a MIG rank holds
+    its devices and, against whole-GPU jobs, their GPUs."""
     rows = session.execute(
-        select(JobRank.node, JobRank.gpu_indexes).where(
+        select(JobRank.node, JobRank.gpu_indexes, JobRank.gpu_uuids).where(
             JobRank.node.in_(list(names)), JobRank.state != RankState.EXITED
         )
     )
-    return {(node, gpu) for node, gpus in rows for gpu in gpus}
+    busy: set[tuple[str, int | str]] = set()
+    for node, gpus, uuids in rows:
+        busy.update((node, gpu) for gpu in gpus)
+        busy.update((node, u) for u in uuids or () if u.startswith("MIG-") or "@" in u)  # devices, replicas
+    return busy
 
 
 def _schedulable(session: Session, names: set[str]) -> set[str]:
@@ -293,26 +307,25 @@ def _schedulable(session: Session, names: set[str]) -> set[str]:
 
 def _nodes(
     session: Session, held: list[lifecycle.HeldRank], wanted: frozenset[str]
-) -> tuple[list[NodeView], dict[str, lifecycle.NodeGpus]]:
-    """Every node as the scheduler sees it; `wanted`: the checksums queued jobs need (only those of the
+) -> tuple[list[NodeView], dict[str, lifecycle.NodeGpus], float]:
+    """Every node as the scheduler sees it, the nodes' GPUs for placements, and the largest share of a
+    GPU one replica is on a sharing node; `wanted`: the checksums queued jobs need (only those of the
     node caches are read, as a pass runs every second and most queues need none)."""
-    """Every node as the scheduler sees it (GPUs free of every held rank, CPUs and memory net of them),
-    and every node's GPU UUIDs for the placements."""
     busy_gpus: dict[int, set[int]] = defaultdict(set)
+    busy_mig: set[str] = set()
     cpus_used: dict[int, int] = defaultdict(int)
     mem_used: dict[int, int] = defaultdict(int)
     for rank in held:
         if rank.node_id is not None:
-            busy_gpus[rank.node_id].update(rank.gpu_indexes)
+            if rank.profile is None:
+                busy_gpus[rank.node_id].update(rank.gpu_indexes)
+            else:
+                busy_mig.update(rank.gpu_uuids)
             cpus_used[rank.node_id] += rank.cpus_per_node
             mem_used[rank.node_id] += rank.mem_per_node_mib
     drivers = environments.node_drivers(session)
     cached = artifacts.cached_by_node(session, wanted)
-    uuids: dict[int, dict[int, str]] = defaultdict(dict)
-    for node_id, index, uuid in session.execute(select(Gpu.node_id, Gpu.index, Gpu.uuid)):
-        uuids[node_id][index] = uuid
-    views = []
-    gpus = {}
+    changing = mig_layouts.to_change(session)  # GPUs bound for another MIG layout take no new job
     rows = session.execute(
         select(
             Node.id,
@@ -325,17 +338,31 @@ def _nodes(
             Node.cpus,
             Node.memory_total_mib,
             Node.expected_gpus,
+            Node.settings,
         )
-    )
-    for node_id, name, state, health, drained_at, category, labels, cpus, mem, expected in rows:
-        present = uuids.get(node_id, {})
-        gpus[name] = lifecycle.NodeGpus(node_id, present)
+    ).all()
+    by_category = categories.category_settings(session)
+    shapes: dict[int, _GpuShapes] = {
+        row.id: _GpuShapes(sharing=_sharing(by_category.get(row.category or ""), row.settings)) for row in rows
+    }
+    for node_id, index, uuid, mode, mig in session.execute(
+        select(Gpu.node_id, Gpu.index, Gpu.uuid, Gpu.mig_mode, Gpu.mig)
+    ):
+        if node_id in shapes:
+            shapes[node_id].add(index, uuid, mode, mig or [], index in changing.get(node_id, ()), busy_mig)
+    views = []
+    gpus = {}
+    for node_id, name, state, health, drained_at, category, labels, cpus, mem, expected, _ in rows:
+        shape = shapes[node_id]
+        gpus[name] = lifecycle.NodeGpus(node_id, shape.uuids, shape.mig_parent)
         topology = next((str(labels[k]) for k in TOPOLOGY_LABELS if labels and k in labels), None)
         views.append(
             NodeView(
                 name=name,
-                gpu_count=max(expected, len(present)),
-                gpus=frozenset(set(present) - busy_gpus.get(node_id, set())),
+                # A GPU in MIG mode or shared is never a whole GPU to the scheduler: its instances or
+                # replicas are its offer.
+                gpu_count=max(expected, len(shape.uuids)) - len(shape.sliced),
+                gpus=frozenset(shape.whole - busy_gpus.get(node_id, set())),
                 cpus=cpus or 0,
                 mem_mib=mem or 0,
                 # Unknown CPU or memory (no inventory yet) does not block GPU jobs: counted as plenty.
@@ -346,9 +373,73 @@ def _nodes(
                 topology=topology,
                 driver=drivers.get(node_id),
                 cached=cached.get(node_id, frozenset()),
+                slices={p: tuple(sorted(u)) for p, u in shape.free_slices.items()},
+                slice_capacity=dict(shape.capacity),
             )
         )
-    return views, gpus
+    replicas = [shape.sharing[1] for shape in shapes.values() if shape.sharing[0] != "exclusive"]
+    return views, gpus, 1.0 / min(replicas, default=MAX_REPLICAS)
+
+
+def _sharing(category: dict[str, Any] | None, node: dict[str, Any] | None) -> tuple[SharingMode, int]:
+    """A node's gpu_sharing as (mode, replicas); a stored value that no longer reads is exclusive."""
+    value = categories.resolve_values(category, node)["gpu_sharing"].value
+    try:
+        return parse_sharing(str(value))
+    except ValueError:
+        return "exclusive", 1
+
+
+@dataclass
+class _GpuShapes:
+    """One node's GPUs as the scheduler offers them: whole GPUs free to take, free MIG devices, and free
+    replicas of shared GPUs (protocol.sharing)."""
+
+    sharing: tuple[SharingMode, int] = ("exclusive", 1)
+    uuids: dict[int, str] = field(default_factory=dict)
+    whole: set[int] = field(default_factory=set)  # not in MIG mode, not shared, not bound for another layout
+    sliced: set[int] = field(default_factory=set)  # in MIG mode, or shared
+    mig_parent: dict[str, int] = field(default_factory=dict)
+    free_slices: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    capacity: Counter[str] = field(default_factory=Counter)
+
+    def add(
+        self, index: int, uuid: str, mode: str | None, mig: list[dict[str, Any]], changing: bool, busy: set[str]
+    ) -> None:
+        self.uuids[index] = uuid
+        shared, replicas = self.sharing
+        if mode != "enabled" and shared != "exclusive":
+            self.sliced.add(index)
+            for k in range(replicas):
+                key = replica_key(uuid, shared, k, replicas)
+                self.mig_parent[key] = index
+                self.capacity[SHARED_PROFILE] += 1
+                if not changing and key not in busy:
+                    self.free_slices[SHARED_PROFILE].append(key)
+            return
+        if mode != "enabled":
+            if not changing:
+                self.whole.add(index)
+            return
+        self.sliced.add(index)
+        for device in mig:
+            profile, mig_uuid = str(device.get("profile") or ""), str(device["uuid"])
+            self.mig_parent[mig_uuid] = index
+            if not profile:
+                continue  # a device nobody can ask for by name
+            self.capacity[profile] += 1
+            if not changing and mig_uuid not in busy:
+                self.free_slices[profile].append(mig_uuid)
+
+
+def _fraction(rank: lifecycle.HeldRank) -> float:
+    """What one GPU entry of a held rank counts as: a whole GPU 1, a MIG instance its slices / 7, a
+    replica 1/N of its GPU."""
+    if rank.profile is None:
+        return 1.0
+    if rank.profile == SHARED_PROFILE:
+        return min((share_of(u) for u in rank.gpu_uuids), default=1.0)
+    return instance_fraction(rank.profile)
 
 
 def _running(held: list[lifecycle.HeldRank], now: float) -> list[RunningJob]:
@@ -360,7 +451,9 @@ def _running(held: list[lifecycle.HeldRank], now: float) -> list[RunningJob]:
         RunningJob(
             id=f"{job_id}.{run}",
             project=ranks[0].project or "",
-            allocation={r.node: frozenset(r.gpu_indexes) for r in ranks},
+            allocation={} if ranks[0].profile else {r.node: frozenset(r.gpu_indexes) for r in ranks},
+            instances={r.node: frozenset(r.gpu_uuids) for r in ranks} if ranks[0].profile else {},
+            fraction=_fraction(ranks[0]),
             # Not current: its processes are being stopped, so its GPUs are as good as free soon.
             ends_by=ranks[0].ends_by if ranks[0].ends_by is not None else now,
             cpus_per_node=ranks[0].cpus_per_node,

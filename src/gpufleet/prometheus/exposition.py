@@ -112,9 +112,19 @@ def gpu_labels(node: NodeMetrics, index: int) -> dict[str, str]:
     return labels
 
 
-def _entity_labels(node: NodeMetrics, kind: str, rest: str) -> tuple[dict[str, Series] | None, dict[str, str]]:
+def _gpu_entity_labels(node: NodeMetrics, kind: str, rest: str) -> dict[str, str] | None:
+    """A GPU's labels, or a MIG device's (its GPU's and dcgm-exporter's GPU_I_ID); None for another entity."""
     if kind == "gpu" and rest.isdigit():
-        return GPU_SERIES, gpu_labels(node, int(rest))
+        return gpu_labels(node, int(rest))
+    gpu, _, instance = rest.partition("/")
+    if kind == "mig" and gpu.isdigit() and instance.isdigit():
+        return gpu_labels(node, int(gpu)) | {"GPU_I_ID": instance}
+    return None
+
+
+def _entity_labels(node: NodeMetrics, kind: str, rest: str) -> tuple[dict[str, Series] | None, dict[str, str]]:
+    if (gpu := _gpu_entity_labels(node, kind, rest)) is not None:
+        return GPU_SERIES, gpu
     if kind == "host":
         return HOST_SERIES, {NODE_LABEL: node.node}
     if kind == "disk":

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from gpufleet.protocol.bounds import replace_nul
+from gpufleet.protocol.mig import MAX_INSTANCES_PER_GPU, MigInstance
 from gpufleet.protocol.topology import MAX_NEIGHBORS, LinkNeighbor
 
 ShortText = Annotated[str, StringConstraints(max_length=256, strip_whitespace=True)]
@@ -51,6 +52,22 @@ class GpuInfo(BaseModel):
     ecc_mode: Mode | None = None
     compute_capability: ShortText | None = None
     power_limit_w: float | None = Field(default=None, ge=0, le=100_000)
+    # The MIG devices while MIG is on (protocol.mig); sent only when there are any.
+    mig: list[MigInstance] = Field(default_factory=list, max_length=MAX_INSTANCES_PER_GPU)
+
+    @model_validator(mode="after")
+    def _unique_instances(self) -> GpuInfo:
+        uuids = [m.uuid for m in self.mig]
+        if len(set(uuids)) != len(uuids):
+            raise ValueError("MIG device UUIDs must be unique")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_empty_mig(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.mig:
+            data.pop("mig", None)  # as before the field existed: older heads refuse unknown keys
+        return data
 
 
 class NodeInventory(BaseModel):

@@ -19,6 +19,7 @@ from gpufleet.protocol.inventory import NodeInventory
 from gpufleet.protocol.jobs import JobAck, JobCancel, JobHeld, JobOutput, JobStart, JobUpdate
 from gpufleet.protocol.logs import LogLines
 from gpufleet.protocol.metrics import FaultCommand, NodeEvent, Sample
+from gpufleet.protocol.mig import MigApply, MigResult
 
 NODE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 NodeName = Annotated[str, StringConstraints(pattern=NODE_NAME_RE)]
@@ -111,7 +112,17 @@ class FaultResult(BaseModel):
 
 
 AnyAgentMessage = (
-    Hello | Heartbeat | Metrics | Events | LogLines | FaultResult | JobUpdate | JobOutput | JobHeld | NodeCache
+    Hello
+    | Heartbeat
+    | Metrics
+    | Events
+    | LogLines
+    | FaultResult
+    | MigResult
+    | JobUpdate
+    | JobOutput
+    | JobHeld
+    | NodeCache
 )
 AgentMessage = Annotated[AnyAgentMessage, Field(discriminator="type")]
 agent_message_adapter: TypeAdapter[AnyAgentMessage] = TypeAdapter(AgentMessage)
@@ -136,6 +147,6 @@ class Ack(BaseModel):
     seq: int
 
 
-AnyHeadMessage = Welcome | Ack | FaultCommand | JobStart | JobCancel | JobAck
+AnyHeadMessage = Welcome | Ack | FaultCommand | MigApply | JobStart | JobCancel | JobAck
 HeadMessage = Annotated[AnyHeadMessage, Field(discriminator="type")]
 head_message_adapter: TypeAdapter[AnyHeadMessage] = TypeAdapter(HeadMessage)

@@ -2,10 +2,11 @@
 
 A sample is one collection round on one node: a set of *entities* (the host, each GPU, each disk,
 network interface and InfiniBand port, each shared file system), each with its metric values. Entities
-are named `host`, `gpu:<index>`, `disk:<mount point>`, `nic:<interface>`, `ib:<device>/<port>` and
-`fs:<mount point>`, so the head stores and queries every kind the same way. Metric names are
-gpufleet's own (listed below with their units); the head maps them to dcgm-exporter's names (GPUs) and
-node_exporter's (shared file systems) for Prometheus.
+are named `host`, `gpu:<index>`, `mig:<GPU index>/<GPU instance>` (a MIG device: its memory only),
+`disk:<mount point>`, `nic:<interface>`, `ib:<device>/<port>` and `fs:<mount point>`, so the head
+stores and queries every kind the same way. Metric names are gpufleet's own (listed below with their
+units); the head maps them to dcgm-exporter's names (GPUs) and node_exporter's (shared file systems) for
+Prometheus.
 
 Events are what must not wait for the next sample (an Xid, a GPU falling off the bus): the agent
 sends them the moment it sees them, because the head drains a node on them within seconds.
@@ -21,7 +22,10 @@ from gpufleet.protocol.bounds import MAX_INT64
 
 MetricName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 EntityName = Annotated[
-    str, StringConstraints(pattern=r"^(host|gpu:\d{1,3}|disk:/\S{0,200}|fs:/\S{0,200}|nic:\S{1,64}|ib:\S{1,64})$")
+    str,
+    StringConstraints(
+        pattern=r"^(host|gpu:\d{1,3}|mig:\d{1,3}/\d{1,2}|disk:/\S{0,200}|fs:/\S{0,200}|nic:\S{1,64}|ib:\S{1,64})$"
+    ),
 ]
 MAX_ENTITIES_PER_SAMPLE = 512
 MAX_METRICS_PER_ENTITY = 128

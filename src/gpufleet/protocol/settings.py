@@ -17,6 +17,9 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from gpufleet.protocol.mig import LAYOUT_MAX_CHARS, parse_layout
+from gpufleet.protocol.sharing import parse_sharing
+
 # One line of printable text: these values end up in an iPXE script, a Slurm configuration and an
 # rsync command's argument, where a newline or control character would start a line of its own.
 _LINE = r"^[^\x00-\x1f\x7f]*$"
@@ -36,6 +39,22 @@ def _no_ipxe_syntax(value: str) -> str:
 
 
 KernelParams = Annotated[str, StringConstraints(pattern=_LINE), AfterValidator(_no_ipxe_syntax)]
+
+
+def _mig_layout(value: str) -> str:
+    parse_layout(value)  # the syntax here; whether the node's GPU model has the profiles, where it is applied
+    return value.strip()
+
+
+MigLayout = Annotated[str, AfterValidator(_mig_layout)]
+
+
+def _gpu_sharing(value: str) -> str:
+    parse_sharing(value)
+    return value.strip()
+
+
+GpuSharing = Annotated[str, AfterValidator(_gpu_sharing)]
 Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 
 
@@ -63,6 +82,18 @@ class NodeSettingValues(BaseModel):
         min_length=1,
         max_length=128,
         description="the GPU model the node must have (matched as a case-insensitive substring)",
+    )
+    mig_layout: MigLayout | None = Field(
+        None,
+        max_length=LAYOUT_MAX_CHARS,
+        description="the MIG layout of every GPU: none (whole GPUs), all-1g.18gb, 3g.71gb+4g.71gb, "
+        "2x1g.18gb+2g.35gb+3g.71gb; applied to each GPU once it is idle (docs/sharing.md); unset: left as it is",
+    )
+    gpu_sharing: GpuSharing = Field(
+        "exclusive",
+        max_length=32,
+        description="exclusive (a job has its GPUs to itself), time-slicing:N or mps:N: each whole GPU is N "
+        "replicas for jobs asking --gpus shared:1, without MIG's isolation (docs/sharing.md)",
     )
 
 

@@ -75,11 +75,13 @@ class SimulatedExecutor:
             return await self._burnin(launch, on_started, on_output, cancel)
         try:
             seconds, util, exit_code = _plan(launch, len(self.nvml.gpus))
+            _check_devices(launch, self.nvml)
         except _BadJob as exc:
             return RankResult("error", message=str(exc))
         ends_after = min(seconds, launch.time_limit_s)
         steps = max(1, math.ceil(seconds / self.step_s))
         try:
+            self.nvml.attach(launch.gpu_uuids)
             for index in launch.gpu_indexes:
                 self.nvml.set_load(index, util)
             on_started()
@@ -97,6 +99,7 @@ class SimulatedExecutor:
                 return RankResult("completed", 0)
             return RankResult("failed", exit_code, f"exited with code {exit_code}")
         finally:
+            self.nvml.detach(launch.gpu_uuids)
             for index in launch.gpu_indexes:
                 self.nvml.set_load(index, 0.0)
 
@@ -173,6 +176,13 @@ def _check_gpus(launch: JobStart, gpu_count: int) -> None:
     for index in launch.gpu_indexes:
         if not 0 <= index < gpu_count:
             raise _BadJob(f"GPU {index} is not on this simulated node ({gpu_count} GPUs)")
+
+
+def _check_devices(launch: JobStart, nvml: SimulatedNvml) -> None:
+    """CUDA fails on a device its node does not have, such as a MIG UUID of a layout since changed."""
+    unknown = sorted({u for u in launch.gpu_uuids if u} - nvml.device_uuids())
+    if unknown:
+        raise _BadJob(f"no GPU or MIG device {', '.join(unknown)} on this simulated node"[:512])
 
 
 def _plan(launch: JobStart, gpu_count: int) -> tuple[float, float, int]:

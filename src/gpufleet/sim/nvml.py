@@ -21,6 +21,7 @@ import random
 import time
 import uuid
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from gpufleet.agent.gpu import nvml_api as api
 from gpufleet.core.errors import InvalidInput
 from gpufleet.protocol.cuda import newest_cuda, parse_driver
 from gpufleet.protocol.inventory import MAX_GPUS_PER_NODE
+from gpufleet.sim.mig import ComputeInstance, MigState, SimulatedMig
 from gpufleet.sim.nvml_types import (
     EventData,
     EventSet,
@@ -155,6 +157,7 @@ class SimulatedGpu:
     nvlink_replay_errors: int = 0
     nvlink_recovery_errors: int = 0
     pcie_replays: int = 0
+    mig: MigState = field(default_factory=MigState)
 
 
 def _cuda_of(driver: str) -> int:
@@ -169,8 +172,9 @@ def _cuda_of(driver: str) -> int:
     return 1000 * cuda[0] + 10 * cuda[1]
 
 
-class SimulatedNvml:
-    """A pynvml look-alike for one node: `gpu_count` GPUs of `gpu_model` (one of MODELS).
+class SimulatedNvml(SimulatedMig):
+    """A pynvml look-alike for one node: `gpu_count` GPUs of `gpu_model` (one of MODELS), MIG included
+    (sim.mig).
 
     `seed` fixes the telemetry noise; by default it derives from the node name, so a simulated fleet
     replays identically. `clock` (seconds, monotonic) drives energy accumulation.
@@ -212,12 +216,17 @@ class SimulatedNvml:
         self._gpus = [_make_gpu(node_name, index, now) for index in range(gpu_count)]
         self._listed = list(self._gpus)  # what NVML lists, in index order
         self._registrations: list[tuple[EventSet, SimulatedGpu, int]] = []
+        self._processes: Counter[str] = Counter()  # UUID -> processes on it (sim.mig)
+        self._reset_blocked = False
 
     # -- control, for the simulator: not part of pynvml ----------------------------------------------
 
     @property
     def gpus(self) -> tuple[SimulatedGpu, ...]:
         """Every GPU on the board, in board order, missing and lost ones included."""
+        return tuple(self._gpus)
+
+    def _all_gpus(self) -> tuple[SimulatedGpu, ...]:
         return tuple(self._gpus)
 
     def set_load(self, index: int, load: float) -> None:
@@ -339,8 +348,10 @@ class SimulatedNvml:
         self._live(handle)
         return self.model.name
 
-    def nvmlDeviceGetUUID(self, handle: SimulatedGpu) -> str:
-        """ "GPU-" and a UUID derived from (node name, index)."""
+    def nvmlDeviceGetUUID(self, handle: SimulatedGpu | ComputeInstance) -> str:
+        """ "GPU-" and a UUID derived from (node name, index); a MIG device's "MIG-…"."""
+        if isinstance(handle, ComputeInstance):
+            return self._mig_device(handle).uuid
         return self._live(handle).uuid
 
     def nvmlDeviceGetSerial(self, handle: SimulatedGpu) -> str:
@@ -351,8 +362,10 @@ class SimulatedNvml:
         """PCI address in the HGX layout."""
         return self._live(handle).pci
 
-    def nvmlDeviceGetMemoryInfo(self, handle: SimulatedGpu) -> MemoryInfo:
-        """Framebuffer size and use in bytes; use grows with load as in the probe."""
+    def nvmlDeviceGetMemoryInfo(self, handle: SimulatedGpu | ComputeInstance) -> MemoryInfo:
+        """Framebuffer size and use in bytes; use grows with load as in the probe. A MIG device's own."""
+        if isinstance(handle, ComputeInstance):
+            return self.mig_memory(handle)
         self._live(handle)
         used = round(_IDLE_USED_BYTES + handle.load * (_LOAD_USED_BYTES - _IDLE_USED_BYTES))
         total = self.model.memory_total_bytes
@@ -362,11 +375,6 @@ class SimulatedNvml:
         """The VBIOS version of the model."""
         self._live(handle)
         return self.model.vbios_version
-
-    def nvmlDeviceGetMigMode(self, handle: SimulatedGpu) -> list[int]:
-        """[current, pending]: MIG is off."""
-        self._live(handle)
-        return [_DISABLED, _DISABLED]
 
     def nvmlDeviceGetEccMode(self, handle: SimulatedGpu) -> list[int]:
         """[current, pending]: ECC is on, as on every data-centre GPU."""

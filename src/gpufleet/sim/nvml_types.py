@@ -38,6 +38,24 @@ class NVMLError_NotSupported(NVMLError):  # named as pynvml names it
     value = api.NVML_ERROR_NOT_SUPPORTED
 
 
+class NVMLError_NotFound(NVMLError):  # named as pynvml names it
+    """No MIG device, GPU instance or compute instance by that index or id."""
+
+    value = api.NVML_ERROR_NOT_FOUND
+
+
+class NVMLError_InUse(NVMLError):  # named as pynvml names it
+    """A MIG change on a GPU or instance that a process runs on."""
+
+    value = api.NVML_ERROR_IN_USE
+
+
+class NVMLError_InsufficientResources(NVMLError):  # named as pynvml names it
+    """A GPU instance that does not fit where asked (its placement overlaps another's)."""
+
+    value = api.NVML_ERROR_INSUFFICIENT_RESOURCES
+
+
 class NVMLError_Timeout(NVMLError):  # named as pynvml names it
     """nvmlEventSetWait found no event within its timeout."""
 

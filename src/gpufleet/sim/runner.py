@@ -178,8 +178,10 @@ class Simulation:
                 raise InvalidInput(str(exc)) from None
             burnin = BurninFaults(opts.gpus_per_node)
             host = functools.partial(simulated_host, name, opts.gpus_per_node)
-            read = inventory_source(host, [NvmlReader(nvml, source="simulated")])
+            gpus = NvmlReader(nvml, source="simulated")
+            read = inventory_source(host, [gpus])
             agent_opts = AgentOptions(
+                mig=gpus,
                 server=opts.server,
                 name=name,
                 join_token=opts.join_token,

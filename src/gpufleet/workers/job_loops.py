@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -45,6 +46,8 @@ from gpufleet.monitoring.models import Alert
 from gpufleet.monitoring.stragglers import StragglerWatch
 from gpufleet.protocol.artifacts import NodeCache
 from gpufleet.protocol.jobs import JobHeld, JobOutput, JobUpdate, RankRef
+from gpufleet.protocol.mig import MigResult
+from gpufleet.sharing import reconcile
 from gpufleet.workers import batches
 
 log = logging.getLogger(__name__)
@@ -159,6 +162,11 @@ class JobLoops:
         with transaction(self.sessions) as session:
             artifacts.record_cache(session, node_id, report)
 
+    def record_mig(self, node_id: int, result: MigResult) -> None:
+        """In a worker thread: what the node's agent could not apply of the MIG layouts it was sent."""
+        with transaction(self.sessions) as session:
+            reconcile.record_result(session, self.clock, node_id, result)
+
     def output(self, node_id: int, chunk: JobOutput) -> None:
         """On the event loop: buffered, written by the flush loop."""
         with self._lock:
@@ -201,7 +209,8 @@ class JobLoops:
         if not nodes:
             return 0
         with transaction(self.sessions) as session:
-            messages = dispatch.outgoing(session, self.clock, nodes)
+            messages: list[tuple[int, BaseModel]] = [*dispatch.outgoing(session, self.clock, nodes)]
+            messages += reconcile.outgoing(session, self.clock, nodes)  # MIG layouts for idle GPUs
         for node_id, message in messages:
             self.send(node_id, message.model_dump_json())
         return len(messages)

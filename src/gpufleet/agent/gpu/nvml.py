@@ -12,9 +12,11 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from gpufleet.agent.gpu.mig import MigError, apply_layout, read_instances
 from gpufleet.agent.gpu.nvml_api import NvmlLibrary, NvmlUnavailable, is_gpu_lost
 from gpufleet.agent.gpu.ports import GpuReadError, as_text, bytes_to_mib, normalise_pci_bus_id
 from gpufleet.protocol.inventory import GpuInfo, GpuSource, Mode
+from gpufleet.protocol.mig import MigInstance
 
 logger = logging.getLogger(__name__)
 
@@ -90,26 +92,52 @@ class NvmlReader:
         """Build one GpuInfo; raises GpuReadError if a required field fails or the values are out of range."""
         pci = self._required(nvml, "nvmlDeviceGetPciInfo", handle, gpu=index)
         memory = self._required(nvml, "nvmlDeviceGetMemoryInfo", handle, gpu=index)
+        model = as_text(self._required(nvml, "nvmlDeviceGetName", handle, gpu=index))
+        mig_mode = self._optional(nvml, "nvmlDeviceGetMigMode", _current_mode, handle)
         try:
             return GpuInfo(
                 index=index,
                 uuid=as_text(self._required(nvml, "nvmlDeviceGetUUID", handle, gpu=index)),
-                model=as_text(self._required(nvml, "nvmlDeviceGetName", handle, gpu=index)),
+                model=model,
                 serial=self._optional(nvml, "nvmlDeviceGetSerial", as_text, handle),
                 pci_bus_id=normalise_pci_bus_id(pci.busId),
                 memory_total_mib=bytes_to_mib(int(memory.total)),
                 driver_version=driver,
                 cuda_version=cuda,
                 vbios_version=self._optional(nvml, "nvmlDeviceGetVbiosVersion", as_text, handle),
-                mig_mode=self._optional(nvml, "nvmlDeviceGetMigMode", _current_mode, handle),
+                mig_mode=mig_mode,
                 ecc_mode=self._optional(nvml, "nvmlDeviceGetEccMode", _current_mode, handle),
                 compute_capability=self._optional(
                     nvml, "nvmlDeviceGetCudaComputeCapability", _compute_capability, handle
                 ),
                 power_limit_w=self._optional(nvml, "nvmlDeviceGetEnforcedPowerLimit", _milliwatts_to_watts, handle),
+                mig=self._mig(nvml, index, handle, model, memory.total) if mig_mode == "enabled" else [],
             )
         except ValidationError as exc:
             raise GpuReadError(f"NVML gave values for GPU {index} that do not fit the inventory: {exc}") from exc
+
+    def apply_mig(self, index: int, layout: str) -> None:
+        """Give GPU `index` the MIG `layout` (agent.gpu.mig). Raises MigError with the reason."""
+        try:
+            nvml = self._started()
+        except GpuReadError as exc:
+            raise MigError(str(exc)) from None
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            model = as_text(nvml.nvmlDeviceGetName(handle))
+            memory_mib = bytes_to_mib(int(nvml.nvmlDeviceGetMemoryInfo(handle).total))
+        except nvml.NVMLError as exc:
+            raise MigError(f"GPU {index}: {exc}") from None
+        apply_layout(nvml, handle, layout, model, memory_mib)
+
+    @staticmethod
+    def _mig(nvml: Any, index: int, handle: Any, model: str, memory_bytes: int) -> list[MigInstance]:
+        """The GPU's MIG devices; none, and a warning, where NVML will not list them (the GPU stays listed)."""
+        try:
+            return read_instances(nvml, handle, model, bytes_to_mib(int(memory_bytes)))
+        except (nvml.NVMLError, ValidationError) as exc:
+            logger.warning("GPU %d: cannot list its MIG devices: %s", index, exc)
+            return []
 
     @staticmethod
     def _required(nvml: Any, name: str, *args: Any, gpu: int | None = None) -> Any:

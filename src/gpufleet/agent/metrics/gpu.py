@@ -111,6 +111,7 @@ class _GpuState:
     link_count: int = 0
     static: dict[str, float] = field(default_factory=dict)  # values that never change (max PCIe link)
     unsupported: dict[str, str] = field(default_factory=dict)  # metric -> why it is left out
+    mig_capable: bool = True  # False once NVML said this GPU has no MIG: not asked again
 
 
 class GpuCollector:
@@ -177,7 +178,38 @@ class GpuCollector:
             if self._xids is not None and self._xids.active:
                 values["xid_last"] = float(self._xids.last.get(state.index, 0))
             out.entities[f"gpu:{state.index}"] = values
+            self._mig_devices(state, out)
         return out
+
+    def _mig_devices(self, state: _GpuState, out: Collected) -> None:
+        """Each MIG device's memory, as `mig:<gpu>/<gpu instance>` (NVML gives a MIG device no utilization,
+        temperature or power of its own: those stay the GPU's). A failure here costs only these entities."""
+        if not state.mig_capable:
+            return
+        nvml = self._nvml
+        try:
+            if int(self._call("nvmlDeviceGetMigMode", state.handle)[0]) != api.NVML_DEVICE_MIG_ENABLE:
+                return
+            for slot in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", state.handle))):
+                try:
+                    device = self._call("nvmlDeviceGetMigDeviceHandleByIndex", state.handle, slot)
+                except nvml.NVMLError as exc:
+                    if api.error_code(exc) == api.NVML_ERROR_NOT_FOUND:
+                        continue
+                    raise
+                instance = int(self._call("nvmlDeviceGetGpuInstanceId", device))
+                memory = self._call("nvmlDeviceGetMemoryInfo", device)
+                out.entities[f"mig:{state.index}/{instance}"] = {
+                    "fb_used_mib": float(int(memory.used) // BYTES_PER_MIB),
+                    "fb_free_mib": float(int(memory.free) // BYTES_PER_MIB),
+                }
+        except _GpuLost:
+            return  # the GPU's own read says so next round
+        except nvml.NVMLError as exc:
+            if api.is_not_supported(exc):
+                state.mig_capable = False
+            else:
+                out.problems.append(f"GPU {state.index} MIG devices: {exc}")
 
     def unsupported(self, index: int) -> dict[str, str]:
         """Metrics GPU `index` leaves out and why (NVML said it does not support them); empty if unknown."""

@@ -66,6 +66,7 @@ from gpufleet.protocol.messages import (
     Welcome,
     agent_message_adapter,
 )
+from gpufleet.protocol.mig import MigResult
 from gpufleet.protocol.software import SoftwareInventory
 from gpufleet.protocol.topology import MAX_FABRIC_BYTES, IbFabric
 
@@ -76,8 +77,8 @@ HELLO_TIMEOUT_S = 10.0
 REPORTS_LIMIT = 256
 RECORD_TRIES = 3  # attempts at a report the database refused for a moment, RECORD_RETRY_S, then twice that apart
 RECORD_RETRY_S = 0.2
-Report = JobOutput | JobUpdate | JobHeld | NodeCache  # what a node sends about its jobs and its cache
-Reports = asyncio.Queue[JobUpdate | JobHeld | NodeCache]
+Report = JobOutput | JobUpdate | JobHeld | NodeCache | MigResult  # about its jobs, its cache, its MIG layouts
+Reports = asyncio.Queue[JobUpdate | JobHeld | NodeCache | MigResult]
 # What a node is told when it answered or reported for another node's command or rank; the audit record
 # says which (the node is not told whose: it has no business knowing).
 REFUSED = "refused: a message about another node's command or job; recorded in the audit log"
@@ -332,7 +333,7 @@ def _handle(ctx: Ctx, chan: Channel, message: AnyAgentMessage, interval: float, 
             chan, message.entries, lambda e: (e.copied_at, e.last_used_at), now, "cache entry", storable_time
         )
         return _take(ctx, chan, message.model_copy(update={"entries": entries}), reports)
-    elif isinstance(message, JobOutput | JobUpdate | JobHeld):
+    elif isinstance(message, JobOutput | JobUpdate | JobHeld | MigResult):
         return _take(ctx, chan, message, reports)
     return True
 
@@ -445,9 +446,11 @@ async def _record_forever(ctx: Ctx, chan: Channel, reports: Reports) -> None:
             return
 
 
-async def _record(ctx: Ctx, chan: Channel, message: JobUpdate | JobHeld | NodeCache) -> None:
+async def _record(ctx: Ctx, chan: Channel, message: JobUpdate | JobHeld | NodeCache | MigResult) -> None:
     threads = ctx.hub.report_threads
-    if isinstance(message, NodeCache):
+    if isinstance(message, MigResult):
+        await to_thread.run_sync(ctx.jobs.record_mig, chan.node_id, message, limiter=threads)
+    elif isinstance(message, NodeCache):
         await to_thread.run_sync(ctx.jobs.record_cache, chan.node_id, message, limiter=threads)
     elif isinstance(message, JobUpdate):
         # Acknowledged once durable, so the agent forgets a rank's end only when the head has it.

@@ -1,11 +1,20 @@
 """A gpufleet job as a Slurm batch job: the `sbatch` arguments and the script. Pure.
 
 The request maps onto sbatch's options one for one: nodes → `--nodes` (one task per node, as gpufleet's
-ranks), GPUs per node → `--gres=gpu:N`, CPUs → `--cpus-per-task`, memory → `--mem` (MiB), time limit →
-`--time` (whole minutes, rounded up: Slurm has no seconds), project → `--account`, category →
-`--partition` when the site's partitions follow categories (else `slurm_partition`), requeue →
-`--requeue`/`--no-requeue`. The job's name and `--comment=gpufleet:<id>:<stamp>` (`queue.job_comment`)
-let gpufleet find it again.
+ranks), GPUs per node → `--gres=gpu:N` (`--gres=gpu:<type>:N` for MIG instances, below), CPUs →
+`--cpus-per-task`, memory → `--mem` (MiB), time limit → `--time` (whole minutes, rounded up: Slurm has no
+seconds), project → `--account`, category → `--partition` when the site's partitions follow categories (else
+`slurm_partition`), requeue → `--requeue`/`--no-requeue`. The job's name and
+`--comment=gpufleet:<id>:<stamp>` (`queue.job_comment`) let gpufleet find it again.
+
+A job of MIG instances (`gpu_profile`, NVIDIA's profile name, "1g.18gb") asks for the GRES type Slurm gives
+them, which is not always that name (jobs.slurm.config renders the same types into slurm.conf): slurmd names a
+MIG device by its slices and its memory in GiB rounded, so an H200's 1g.18gb is `--gres=gpu:1g.16gb:N`. The
+rule (`mig_gres_type`): the type the inventory's instances of the profile have (`inventory_mig_types`, read by
+the sync only when it submits a MIG job), the commonest where they differ (a profile two models size
+differently, both in the inventory: an A100 80GB's 3g.40gb is 3g.39gb to Slurm, an H100's 3g.40gb), else the
+profile's one type over every model in the profile tables (protocol.mig.slurm_types); a profile without an
+instance in the inventory that the tables size differently by model, or do not know, is refused.
 
 The script: the job's own script (a `#!/bin/sh` line added when it has none), or `exec` of its argv.
 The job's environment goes through sbatch itself: its variables (and a standard PATH unless it sets one, as
@@ -29,15 +38,18 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet.core.errors import InvalidInput
 from gpufleet.jobs import arrays
 from gpufleet.jobs.models import Job
+from gpufleet.jobs.slurm.config import InventoryMig, gpu_instance_profile, mig_slurm_type
 from gpufleet.jobs.slurm.queue import job_comment
 from gpufleet.protocol.jobs import DEFAULT_PATH
+from gpufleet.protocol.mig import slurm_types
 
 SHELL = "#!/bin/sh"  # as the built-in executor runs scripts without a #! line
 # Variables sbatch itself reads (SBATCH_*, SLURM_CONF...): a job may not set them through gpufleet.
@@ -104,18 +116,53 @@ def _with_task_id(script: str) -> str:
     return "".join([*lines[:at], SET_TASK_ID, *lines[at:]])
 
 
+def inventory_mig_types(instances: Iterable[InventoryMig]) -> dict[str, str]:
+    """Profile ("1g.18gb") → the GRES type the inventory's instances of it have (`config.mig_slurm_type`, as
+    slurm.conf has them): the one most of them have, the first by name on a tie."""
+    seen: dict[str, Counter[str]] = {}
+    for instance in instances:
+        profile, kind = gpu_instance_profile(instance.profile), mig_slurm_type(instance)
+        if profile and kind:
+            seen.setdefault(profile, Counter())[kind] += 1
+    return {profile: min(kinds, key=lambda k: (-kinds[k], k)) for profile, kinds in seen.items()}
+
+
+def mig_gres_type(profile: str, inventory: Mapping[str, str]) -> str:
+    """The GRES type a job of MIG profile `profile` asks Slurm for (the rule in the module's docstring):
+    `inventory[profile]` (`inventory_mig_types`), else the profile's one type in the profile tables. Raises
+    InvalidInput where neither tells it."""
+    if kind := inventory.get(profile):
+        return kind
+    kinds = slurm_types(profile)
+    if len(kinds) == 1:
+        return next(iter(kinds))
+    if not kinds:
+        raise InvalidInput(f"no GPU model has MIG profile {profile}: Slurm has no type for it")
+    raise InvalidInput(
+        f"Slurm names MIG profile {profile} {' or '.join(sorted(kinds))} by GPU model, and no GPU in the "
+        "inventory has an instance of it to tell which: make one (a MIG layout) and submit the job again"
+    )
+
+
 def array_option(task_ids: Sequence[int], throttle: int | None) -> str:
     """sbatch's `--array=` for these tasks: Slurm's syntax, which `arrays.compact` writes."""
     return f"--array={arrays.compact(task_ids)}" + (f"%{throttle}" if throttle else "")
 
 
 def sbatch_argv(
-    job: Job, script_path: str, options: BatchOptions, *, head_user: str, tasks: Sequence[int] = ()
+    job: Job,
+    script_path: str,
+    options: BatchOptions,
+    *,
+    head_user: str,
+    tasks: Sequence[int] = (),
+    mig_types: Mapping[str, str] | None = None,
 ) -> list[str]:
     """`sbatch` with every option as its own argument (never a shell). For an array task `job`, the sbatch
-    of its array's `tasks` (by default the job's own task), with `job`'s options. Raises InvalidInput for what
-    Slurm cannot be asked through gpufleet: a container image (Slurm needs pyxis/enroot for that), or another
-    user's job when the head may not submit as them."""
+    of its array's `tasks` (by default the job's own task), with `job`'s options. `mig_types`: the inventory's
+    Slurm type of each MIG profile (`inventory_mig_types`), for a job of MIG instances. Raises InvalidInput for
+    what Slurm cannot be asked through gpufleet: a container image (Slurm needs pyxis/enroot for that), another
+    user's job when the head may not submit as them, or a MIG profile whose Slurm type is unknown."""
     slurms = sorted(k for k in job.env if k.startswith(SLURM_OWN))
     if slurms:
         raise InvalidInput(f"{', '.join(slurms)}: variables starting {' or '.join(SLURM_OWN)} are Slurm's own")
@@ -139,7 +186,8 @@ def sbatch_argv(
     if array:
         argv.append(array_option(tasks or [job.array_task_id or 0], job.array_throttle))
     if job.gpus_per_node:
-        argv.append(f"--gres=gpu:{job.gpus_per_node}")
+        kind = f"{mig_gres_type(job.gpu_profile, mig_types or {})}:" if job.gpu_profile else ""
+        argv.append(f"--gres=gpu:{kind}{job.gpus_per_node}")
     if job.cpus_per_node:
         argv.append(f"--cpus-per-task={job.cpus_per_node}")
     if job.mem_per_node_mib:

@@ -51,10 +51,12 @@ from gpufleet.auth.projects import Project
 from gpufleet.core.clock import Clock
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import GpufleetError, InvalidInput, Unavailable
+from gpufleet.inventory.models import Gpu
 from gpufleet.jobs import lifecycle
 from gpufleet.jobs.models import FINAL_STATES, Job, JobState
 from gpufleet.jobs.slurm import job_rows, node_mirror
-from gpufleet.jobs.slurm.batch import BatchOptions, job_environment, render_script, sbatch_argv
+from gpufleet.jobs.slurm.batch import BatchOptions, inventory_mig_types, job_environment, render_script, sbatch_argv
+from gpufleet.jobs.slurm.config import mig_instances
 from gpufleet.jobs.slurm.history import parse_sacct_end
 from gpufleet.jobs.slurm.job_rows import BACKEND, SUBMITTED_BY_SLURM
 from gpufleet.jobs.slurm.manager import SlurmWorkloadManager
@@ -280,13 +282,16 @@ class SlurmSync:
             firsts = [min(ids.values()) for ids in tasks.values()]
             plain = [u for u in units if u not in tasks]
             jobs = session.scalars(select(Job).where(Job.id.in_(plain + firsts)).order_by(Job.id)).all()
-            return [self._pending(job, tasks.get(job.array_job_id or 0, {})) for job in jobs]
+            mig_types = _mig_types(session) if any(job.gpu_profile for job in jobs) else {}
+            return [self._pending(job, tasks.get(job.array_job_id or 0, {}), mig_types) for job in jobs]
 
-    def _pending(self, job: Job, tasks: dict[int, int]) -> _Pending:
+    def _pending(self, job: Job, tasks: dict[int, int], mig_types: dict[str, str]) -> _Pending:
         """The sbatch for `job` (an array's first waiting task, with all its array's waiting `tasks`)."""
         array = job.array_job_id
         try:
-            argv = sbatch_argv(job, "SCRIPT", self.options, head_user=self.user, tasks=sorted(tasks))
+            argv = sbatch_argv(
+                job, "SCRIPT", self.options, head_user=self.user, tasks=sorted(tasks), mig_types=mig_types
+            )
             script = render_script(job)
         except InvalidInput as exc:
             return _Pending(job.id, job.user, job.submitted_at, {}, None, None, str(exc), array, tasks)
@@ -396,6 +401,13 @@ class SlurmSync:
                 lifecycle.finish(session, self.clock, job, state, reason, code)
                 if ended is not None:
                     job.ended_at = ended
+
+
+def _mig_types(session: Session) -> dict[str, str]:
+    """The Slurm type of each MIG profile the inventory has instances of (`batch.inventory_mig_types`), from
+    the GPUs in MIG mode: read once per pass, and only by a pass that submits a job of MIG instances."""
+    columns = session.scalars(select(Gpu.mig).where(Gpu.mig_mode == "enabled"))
+    return inventory_mig_types(instance for column in columns for instance in mig_instances(column))
 
 
 def _match(rows: list[_Row], slurm: SlurmJob) -> _Row | None:

@@ -1,0 +1,1 @@
+"""GPU sharing between jobs: MIG layouts declared, reconciled through the agents, and scheduled (docs/sharing.md)."""
