@@ -9,6 +9,7 @@ from gpufleet.jobs.models import Job, JobState
 from gpufleet.monitoring import attribution, store
 from gpufleet.protocol.metrics import EntityValues, Sample
 from tests.jobs.helpers import cluster, job, node_id, ranks, report, submit, tick, users
+from tests.sharing.helpers import H200, SEVEN_1G, add_node
 
 
 def _sample(sessions: sessionmaker[Session], node: int, utils: dict[int, float], ts: float) -> None:
@@ -79,3 +80,24 @@ def test_a_job_slurm_runs_is_charged_for_the_gpus_slurm_gave_it(
         held = attribution.idle_gpus(s, clock.now(), metrics_interval_s=5.0)
     assert job(sessions, slurm_job).mean_gpu_util == pytest.approx(41.0)
     assert [(g.job_id, g.node, g.gpu) for g in held] == [(slurm_job, "n2", 0)]
+
+
+def test_a_mig_device_weighs_its_share_of_its_gpus_utilization(
+    sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
+    node = add_node(sessions, clock, "m1", [(H200, SEVEN_1G), (H200, None)])
+    users(sessions, clock, "alice")
+    slice_job = submit(sessions, clock, gpu_profile="1g.18gb", gpus_per_node=2)
+    whole = submit(sessions, clock, gpus_per_node=1)
+    tick(sessions, clock)
+    for job_id in (slice_job, whole):
+        report(sessions, clock, job_id, state="running")
+    _sample(sessions, node, {0: 40.0, 1: 80.0}, clock.now())
+
+    with transaction(sessions) as s:
+        assert attribution.attribute(s, clock.now(), 70.0, metrics_interval_s=5.0) == 3
+
+    # Two 1g devices of GPU 0: 2/7 of 70 s sampled, at GPU 0's 40 %; the whole GPU all 70 s at 80 %.
+    assert job(sessions, slice_job).sampled_gpu_seconds == pytest.approx(20.0)
+    assert job(sessions, slice_job).mean_gpu_util == pytest.approx(40.0)
+    assert job(sessions, whole).sampled_gpu_seconds == pytest.approx(70.0)

@@ -5,8 +5,10 @@ Every `pass` (the leader's, every ATTRIBUTION_INTERVAL_S) reads each node's newe
 GPU indexes Slurm gave it), adds to its job the GPU-seconds since the last
 pass that a fresh sample covers (`sampled_gpu_seconds`) and those weighted by the GPUs' utilization
 (`busy_gpu_seconds`). Their ratio is the job's mean GPU utilization; summed per user or project it is
-the usage report's. A GPU whose node sent no sample lately is not counted either way, so a silent node
-neither inflates nor deflates a job's figure.
+the usage report's. A MIG device or a shared replica counts as its share of the GPU (its slices / 7, or
+1/N): its GPU's utilization, which NVML gives for the whole GPU only, weighs that much. A GPU whose node
+sent no sample lately is not counted either way, so a silent node neither inflates nor deflates a job's
+figure.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpufleet.inventory.mig_layouts import instance_fraction
 from gpufleet.inventory.models import Node
 from gpufleet.jobs.models import Job, JobRank, JobState, RankState
 from gpufleet.jobs.schemas import IdleGpu
 from gpufleet.monitoring.fleet import latest_gpu_values
+from gpufleet.protocol.sharing import SHARED_PROFILE, share_of
 
 ATTRIBUTION_INTERVAL_S = 10.0
 # A sample older than this many metric intervals no longer says what a GPU is doing now.
@@ -37,6 +41,7 @@ class HeldGpu:
     util: float
     since: datetime  # when the job's hold on the GPU began
     power_w: float | None = None
+    share: float = 1.0  # of the GPU: less for a MIG device or a shared replica
 
 
 def held_gpus(session: Session, now: float, metrics_interval_s: float) -> Iterator[HeldGpu]:
@@ -49,9 +54,9 @@ def held_gpus(session: Session, now: float, metrics_interval_s: float) -> Iterat
         .where(JobRank.state == RankState.RUNNING, Job.state == JobState.RUNNING, JobRank.run == Job.run)
     )
     for rank, job in rows:
-        yield from _sampled(
-            job, rank.node, latest.get(rank.node_id or -1, {}), rank.gpu_indexes, rank.started_at or rank.assigned_at
-        )
+        values = latest.get(rank.node_id or -1, {})
+        since = rank.started_at or rank.assigned_at
+        yield from _sampled(job, rank.node, values, rank.gpu_indexes, since, _shares(job, rank))
     slurm_jobs = list(
         session.scalars(
             select(Job).where(Job.backend == "slurm", Job.state == JobState.RUNNING, Job.allocation.is_not(None))
@@ -66,14 +71,29 @@ def held_gpus(session: Session, now: float, metrics_interval_s: float) -> Iterat
             yield from _sampled(job, node, latest.get(node_ids.get(node, -1), {}), indexes, since)
 
 
+def _shares(job: Job, rank: JobRank) -> list[float]:
+    """Each held GPU entry's share of its GPU (whole GPUs 1)."""
+    if job.gpu_profile is None:
+        return [1.0] * len(rank.gpu_indexes)
+    if job.gpu_profile == SHARED_PROFILE:
+        return [share_of(u) for u in rank.gpu_uuids]
+    return [instance_fraction(job.gpu_profile)] * len(rank.gpu_indexes)
+
+
 def _sampled(
-    job: Job, node: str, values: dict[str, dict[str, float]], indexes: list[int], since: datetime
+    job: Job,
+    node: str,
+    values: dict[str, dict[str, float]],
+    indexes: list[int],
+    since: datetime,
+    shares: list[float] | None = None,
 ) -> Iterator[HeldGpu]:
-    for index in indexes:
+    for place, index in enumerate(indexes):
         gpu = values.get(f"gpu:{index}", {})
         util = gpu.get("gpu_util")
         if util is not None:
-            yield HeldGpu(job, node, index, min(max(util, 0.0), 100.0), since, gpu.get("power_w"))
+            share = shares[place] if shares is not None and place < len(shares) else 1.0
+            yield HeldGpu(job, node, index, min(max(util, 0.0), 100.0), since, gpu.get("power_w"), share)
 
 
 def attribute(
@@ -85,8 +105,8 @@ def attribute(
         return 0
     counted = 0
     for gpu in held if held is not None else list(held_gpus(session, now, metrics_interval_s)):
-        gpu.job.sampled_gpu_seconds += elapsed_s
-        gpu.job.busy_gpu_seconds += elapsed_s * gpu.util / 100.0
+        gpu.job.sampled_gpu_seconds += elapsed_s * gpu.share
+        gpu.job.busy_gpu_seconds += elapsed_s * gpu.share * gpu.util / 100.0
         counted += 1
     session.flush()
     return counted
