@@ -87,3 +87,26 @@ def test_an_agent_without_mig_control_refuses_every_gpu(tmp_path: Path) -> None:
         return result
 
     assert asyncio.run(scenario()).errors == {0: "this agent manages no MIG", 1: "this agent manages no MIG"}
+
+
+class _Ranks:
+    """The agent's job supervisor as far as MIG goes: the GPUs its ranks hold."""
+
+    def __init__(self, gpus: set[int]) -> None:
+        self.gpus = gpus
+
+    def gpus_in_use(self) -> set[int]:
+        return self.gpus
+
+
+def test_a_gpu_a_rank_of_this_node_holds_is_not_changed_even_before_cuda_sees_it(tmp_path: Path) -> None:
+    agent, nvml = _agent(tmp_path, 1, Uploads(FakeHead()))
+    agent.options.jobs = cast(Any, _Ranks({1}))  # a rank placed on GPU 1, still staging: NVML sees nothing
+
+    result = asyncio.run(agent.apply_mig(MigApply(id=3, gpus={0: "all-1g.18gb", 1: "all-1g.18gb"})))
+
+    assert list(result.errors) == [1]
+    assert "a job of this node holds the GPU" in result.errors[1]
+    nvml.nvmlInit()
+    modes = [nvml.nvmlDeviceGetMigMode(nvml.nvmlDeviceGetHandleByIndex(i))[0] for i in (0, 1)]
+    assert modes == [1, 0]

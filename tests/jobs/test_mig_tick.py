@@ -241,3 +241,49 @@ def test_the_budget_counts_instances_as_their_share_of_a_gpu(mixed: sessionmaker
     with pytest.raises(InvalidInput, match="whole budget"):
         submit(mixed, clock, as_user("alice"), time_limit_s=7 * 3600 + 600, **spec)
     assert _jobs(mixed) == 1
+
+
+# -- gpu_sharing changed under running jobs: a GPU is never given two ways ------------------------------
+
+
+def set_sharing(sessions: sessionmaker[Session], name: str, value: str) -> None:
+    with transaction(sessions) as s:
+        node = s.scalars(select(Node).where(Node.name == name)).one()
+        categories.update_node_settings(s, node, set_={"gpu_sharing": value})
+
+
+@pytest.fixture
+def one_gpu(sessions: sessionmaker[Session], clock: FakeClock) -> sessionmaker[Session]:
+    """Node s1 with one whole H200; user alice."""
+    add_node(sessions, clock, "s1", [(H200, None)])
+    users(sessions, clock, "alice")
+    return sessions
+
+
+def test_a_gpu_held_whole_is_not_shared_when_the_node_starts_sharing(
+    one_gpu: sessionmaker[Session], clock: FakeClock
+) -> None:
+    whole = submit(one_gpu, clock, gpus_per_node=1)
+    assert tick(one_gpu, clock).placed == [whole]
+    set_sharing(one_gpu, "s1", "time-slicing:4")
+    replica = submit(one_gpu, clock, gpus_per_node=1, gpu_profile="shared")
+    assert tick(one_gpu, clock).placed == []
+    report(one_gpu, clock, whole)  # its GPU is free: now it is shared
+    assert tick(one_gpu, clock).placed == [replica]
+    assert placed(one_gpu, replica)[1] == ["GPU-s1-0@time-slicing:0/4"]
+
+
+def test_replicas_of_another_mode_keep_the_gpu_until_they_end(one_gpu: sessionmaker[Session], clock: FakeClock) -> None:
+    set_sharing(one_gpu, "s1", "time-slicing:2")
+    first = [submit(one_gpu, clock, gpus_per_node=1, gpu_profile="shared") for _ in range(2)]
+    assert sorted(tick(one_gpu, clock).placed) == sorted(first)
+    set_sharing(one_gpu, "s1", "mps:2")
+    later = submit(one_gpu, clock, gpus_per_node=1, gpu_profile="shared")
+    whole = submit(one_gpu, clock, gpus_per_node=1)
+    assert tick(one_gpu, clock).placed == []  # neither 2 more MPS clients beside 2 time-sliced ones...
+    set_sharing(one_gpu, "s1", "exclusive")
+    assert tick(one_gpu, clock).placed == []  # ...nor the whole GPU under running replicas
+    for job_id in first:
+        report(one_gpu, clock, job_id)
+    assert tick(one_gpu, clock).placed == [whole]
+    assert job(one_gpu, later).state is JobState.PENDING

@@ -211,10 +211,14 @@ def test_a_stale_view_listing_a_held_instance_as_free_does_not_double_book() -> 
     d = run([mig_node("a")], [slice_job("j", gpus_per_node=2), slice_job("k")], running)  # view: all 7 free
     assert instances(d) == {"j": {"a": ("MIG-a-0-5", "MIG-a-0-6")}}
     assert d.pending == {"k": PendingReason.RESOURCES}
-    # The same UUID listed by two nodes (or twice) is given once.
-    twice = [mig_node("a", free=("MIG-x",)), mig_node("b", free=("MIG-x", "MIG-x"))]
-    d = run(twice, [slice_job("j"), slice_job("k")])
+    # A UUID listed twice by a node is given once.
+    d = run([mig_node("b", free=("MIG-x", "MIG-x"))], [slice_job("j"), slice_job("k")])
     assert [u for p in d.placements for us in p.instances.values() for u in us] == ["MIG-x"]
+    # Another node listing it too (an agent's lie) costs only that node: a job running on it there does
+    # not keep the real device of node a from being given.
+    liar = [RunningJob("l", "q", {"b": frozenset()}, NOW + 600, instances={"b": frozenset({"MIG-x"})}, fraction=1 / 7)]
+    d = run([mig_node("a", free=("MIG-x",)), mig_node("b", free=("MIG-x",))], [slice_job("j")], liar)
+    assert instances(d) == {"j": {"a": ("MIG-x",)}}
 
 
 def test_a_waiting_slice_job_does_not_block_or_reserve() -> None:

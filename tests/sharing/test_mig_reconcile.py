@@ -16,7 +16,7 @@ from gpufleet.inventory.models import Node
 from gpufleet.inventory.states import NodeState
 from gpufleet.protocol.mig import MigResult
 from gpufleet.sharing import reconcile, service
-from gpufleet.sharing.reconcile import RETRY_S
+from gpufleet.sharing.reconcile import RETRY_S, SETTLE_S
 from tests.jobs.helpers import report, users
 from tests.sharing.helpers import (
     ALL_1G,
@@ -150,9 +150,11 @@ def test_outgoing_sends_only_idle_drifting_gpus_of_nodes_up_and_marks_them(
     # A rank running still holds its GPU; once it exits and the agent answered, GPU 2 goes too.
     report(sessions, clock, busy, state="running", outcome=None)
     answer(sessions, clock, "a", {})
+    clock.advance(SETTLE_S + 1)
     assert send(sessions, clock) == {"a": {1: ALL_1G}}
     report(sessions, clock, busy)
     answer(sessions, clock, "a", {})
+    clock.advance(SETTLE_S + 1)
     assert send(sessions, clock) == {"a": {1: ALL_1G, 2: ALL_1G}}
 
 
@@ -206,14 +208,19 @@ def test_outgoing_reads_only_the_nodes_it_is_given(sessions: sessionmaker[Sessio
     assert node_row(sessions, "a").mig_sent_at is None
 
 
-def test_an_answer_without_errors_clears_the_mark(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+def test_a_gpu_still_off_its_layout_after_a_done_answer_is_asked_again_after_settle_s(
+    sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
     add_node(sessions, clock, "a", [(H200, None), (H200, None)], layout=ALL_1G)
     assert send(sessions, clock) == {"a": {0: ALL_1G, 1: ALL_1G}}
     clock.advance(3)
     answer(sessions, clock, "a", {})
     row = node_row(sessions, "a")
-    assert (row.mig_sent_at, row.mig_errors) == (None, {})
-    # Asked again at once (the inventory did not change here, so the GPUs still drift).
+    assert (row.mig_sent_at, row.mig_answered, row.mig_errors) == (to_datetime(clock.now()), True, {})
+    # The inventory did not change here, so the GPUs still drift: asked again, but not in a tight loop.
+    clock.advance(SETTLE_S - 1)
+    assert send(sessions, clock) == {}
+    clock.advance(2)
     assert send(sessions, clock) == {"a": {0: ALL_1G, 1: ALL_1G}}
 
 
@@ -240,7 +247,7 @@ def test_an_answer_with_errors_keeps_them_and_waits_retry_s_from_the_answer(
     clock.advance(1)
     answer(sessions, clock, "a", {})
     row = node_row(sessions, "a")
-    assert (row.mig_sent_at, row.mig_errors) == (None, {})
+    assert (row.mig_answered, row.mig_errors) == (True, {})
 
 
 def test_an_answer_for_a_node_that_is_gone_is_ignored(sessions: sessionmaker[Session], clock: FakeClock) -> None:
@@ -288,3 +295,22 @@ def test_unsetting_the_layout_stops_what_was_due(sessions: sessionmaker[Session]
         categories.update_category(s, clock, "slices", unset=["mig_layout"])
     clock.advance(RETRY_S + 1)
     assert send(sessions, clock) == {}
+
+
+def test_under_slurm_only_nodes_slurm_has_drained_are_changed(
+    sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
+    add_node(sessions, clock, "a", [(H200, None)], layout=ALL_1G)
+    node_id = ids(sessions)["a"]
+
+    def slurm_send() -> dict[int, int]:
+        with transaction(sessions) as s:
+            return {n: len(m.gpus) for n, m in reconcile.outgoing(s, clock, [node_id], slurm=True)}
+
+    for state in (None, "mixed", "draining", "idle"):
+        with transaction(sessions) as s:
+            s.get(Node, node_id).wlm_state = state  # type: ignore[union-attr]
+        assert slurm_send() == {}, state  # gpufleet cannot see which GPUs Slurm's jobs hold
+    with transaction(sessions) as s:
+        s.get(Node, node_id).wlm_state = "drained"  # type: ignore[union-attr]
+    assert slurm_send() == {node_id: 1}

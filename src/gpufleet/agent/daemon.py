@@ -150,6 +150,7 @@ class Agent:
         self._outbox_ready = asyncio.Event()  # something was queued, or sending may resume
         self._events_wake = asyncio.Event()  # a simulated fault may have queued an Xid: poll now
         self._mig_tasks: set[asyncio.Task[None]] = set()
+        self._mig_lock = asyncio.Lock()
         self._running = asyncio.Event()  # clear while a simulated crash or hang holds metrics and events
         self._running.set()
         self.crashed = False  # simulated node-crash: nothing leaves but answers to commands
@@ -496,13 +497,20 @@ class Agent:
         if control is None:
             return MigResult(id=command.id, errors=dict.fromkeys(command.gpus, "this agent manages no MIG"))
         errors: dict[int, str] = {}
-        for index, layout in sorted(command.gpus.items()):
-            try:
-                await asyncio.to_thread(control.apply_mig, index, layout)
-                log.info("GPU %d: MIG layout %s applied", index, layout)
-            except MigError as exc:
-                log.warning("GPU %d: MIG layout %s not applied: %s", index, layout, exc)
-                errors[index] = str(exc)[:512]
+        async with self._mig_lock:  # one request at a time: two would reset the same GPU under each other
+            # The agent's own word on "idle" comes first: a rank placed here but not yet in CUDA (staging its
+            # data, pulling its image) is invisible to NVML's in-use check.
+            busy = self.options.jobs.gpus_in_use() if self.options.jobs is not None else set()
+            for index, layout in sorted(command.gpus.items()):
+                if index in busy:
+                    errors[index] = "a job of this node holds the GPU; asked again once it ends"
+                    continue
+                try:
+                    await asyncio.to_thread(control.apply_mig, index, layout)
+                    log.info("GPU %d: MIG layout %s applied", index, layout)
+                except MigError as exc:
+                    log.warning("GPU %d: MIG layout %s not applied: %s", index, layout, exc)
+                    errors[index] = str(exc)[:512]
         return MigResult(id=command.id, errors=errors)
 
     def apply_fault(self, command: FaultCommand) -> FaultResult:

@@ -75,12 +75,12 @@ def parse_mem(text: str) -> int:
     return max(int(float(match.group(1)) * _SIZE_MIB[match.group(2)]), 1)
 
 
-_GPUS = re.compile(r"^(?:(?P<profile>[1-8]g\.[0-9]{1,4}gb)(?::(?P<n>\d{1,2}))?|(?P<count>\d{1,2}))$")
+_GPUS = re.compile(r"^(?:(?P<profile>[1-8]g\.[0-9]{1,4}gb|shared)(?::(?P<n>\d{1,2}))?|(?P<count>\d{1,2}))$")
 
 
 def parse_gpus(text: str) -> tuple[str | None, int]:
-    """(MIG profile or None, count) in --gpus: "2" (whole GPUs), "1g.18gb:2" or "1g.18gb" (one instance).
-    Raises InvalidInput."""
+    """(MIG profile or None, count) in --gpus: "2" (whole GPUs), "1g.18gb:2" or "1g.18gb" (one instance),
+    "shared" or "shared:1" (a time-sliced or MPS replica). Raises InvalidInput."""
     match = _GPUS.match(text.strip())
     if match is None:
         raise InvalidInput(f"invalid --gpus {text!r}: a number of GPUs (2) or a MIG profile and count (1g.18gb:2)")

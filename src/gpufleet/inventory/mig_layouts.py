@@ -13,12 +13,13 @@ for a change that can never happen would only idle it.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import String, cast, select
 from sqlalchemy.orm import Session
 
 from gpufleet.inventory import categories
@@ -62,12 +63,21 @@ def gpu_layout(
         return GpuLayout(index, None, actual, True)
     if declared == NO_MIG:
         return GpuLayout(index, declared, actual, mig_mode != "enabled")
-    try:
-        wanted = layout_profiles(declared, model, memory_mib)
-    except LayoutError as exc:
-        return GpuLayout(index, declared, actual, True, str(exc))
+    wanted, problem = _wanted(declared, model, memory_mib)
+    if problem is not None:
+        return GpuLayout(index, declared, actual, True, problem)
     have = Counter(str(i.get("profile") or "") for i in instances)
     return GpuLayout(index, declared, actual, mig_mode == "enabled" and have == wanted)
+
+
+@functools.lru_cache(maxsize=256)
+def _wanted(layout: str, model: str, memory_mib: int) -> tuple[Counter[str], str | None]:
+    """The profiles `layout` makes on this model, or why it cannot: computed once per (layout, model), not
+    for each of a thousand nodes' GPUs every pass. Callers only compare the Counter, never change it."""
+    try:
+        return layout_profiles(layout, model, memory_mib), None
+    except LayoutError as exc:
+        return Counter(), str(exc)
 
 
 def instance_fraction(profile: str) -> float:
@@ -84,10 +94,12 @@ def layouts(
 ) -> dict[int, list[GpuLayout]]:
     """Each node's GPUs against its declared layout, by node id (all nodes when `node_ids` is None);
     `declared_only`: only the nodes that declare one (the scheduler's every pass reads no GPU otherwise)."""
+    by_category = categories.category_settings(session)
+    if declared_only and not _any_declared(session, by_category):
+        return {}
     query = select(Node.id, Node.name, Node.category, Node.settings)
     if node_ids is not None:
         query = query.where(Node.id.in_(list(node_ids)))
-    by_category = categories.category_settings(session)
     declared: dict[int, str | None] = {}
     for node_id, _name, category, settings in session.execute(query):
         resolved = categories.resolve_values(by_category.get(category or ""), settings)
@@ -104,6 +116,15 @@ def layouts(
         if node_id in declared:
             out[node_id].append(gpu_layout(index, model, memory, mode, mig or [], declared[node_id]))
     return out
+
+
+def _any_declared(session: Session, by_category: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether a category or a node declares a MIG layout at all: asked by the database, so the scheduler's
+    and the reconciler's every round read no node row on the many clusters that use no MIG."""
+    if any(settings.get("mig_layout") is not None for settings in by_category.values()):
+        return True
+    text = cast(Node.settings, String)
+    return session.scalar(select(Node.id).where(text.like('%"mig_layout"%')).limit(1)) is not None
 
 
 def to_change(session: Session, node_ids: Collection[int] | None = None) -> dict[int, set[int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Enum, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, Boolean, Enum, Float, ForeignKey, Integer, String, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from gpufleet.core.db import Base, UTCDateTime, enum_values
@@ -61,9 +61,11 @@ class Node(Base):
     # The workload manager's own word for the node when it is not gpufleet (Slurm: "idle", "mixed",
     # "drained", "down*"...), read every slurm_poll_interval_s; None under the built-in one.
     wlm_state: Mapped[str | None] = mapped_column(String(32), default=None)
-    # MIG layouts (sharing.reconcile): when the head last asked the agent for one, unanswered or refused
-    # (None: nothing outstanding), and what the agent could not apply, by GPU index.
+    # MIG layouts (sharing.reconcile): when the head last asked the agent for one or the agent answered
+    # (None: nothing asked since the last declaration), whether it answered, and what it could not apply,
+    # by GPU index.
     mig_sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    mig_answered: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     mig_errors: Mapped[dict[str, str]] = mapped_column(JSON, default=dict, server_default="{}")
 
     gpus: Mapped[list[Gpu]] = relationship(

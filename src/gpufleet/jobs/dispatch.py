@@ -105,6 +105,7 @@ def _start(session: Session, job: Job, rank: JobRank, masters: dict[int, str], n
         master_addr=masters[job.id],
         master_port=master_port(job.id),
         artifacts=[StageRef.model_validate(a) for a in job.artifacts],
+        mps=any(u.find("@mps:") > 0 for u in rank.gpu_uuids),
     )
 
 
@@ -113,7 +114,8 @@ def _sharing_env(session: Session, rank: JobRank) -> dict[str, str]:
     if not any("@mps:" in u for u in rank.gpu_uuids):
         return {}
     uuids = [device_uuid(u) for u in rank.gpu_uuids]
-    memory = dict(session.execute(select(Gpu.uuid, Gpu.memory_total_mib).where(Gpu.uuid.in_(uuids))).tuples())
+    query = select(Gpu.uuid, Gpu.memory_total_mib).where(Gpu.node_id == rank.node_id, Gpu.uuid.in_(uuids))
+    memory: dict[str, int] = {row.uuid: row.memory_total_mib for row in session.execute(query)}
     return mps_environment(rank.gpu_uuids, memory)
 
 

@@ -287,8 +287,9 @@ class _Node:
             free -= held
         # Sliced GPUs are left out of both, so the indexes may run past gpu_count; never more than it.
         self.free = sorted(free)[: max(view.gpu_count, 0)]
-        # MIG instances: the free ones by profile, less any a running job holds or an earlier node or
-        # profile listed (`taken`, shared by the pass: a UUID is given at most once, whatever the views say).
+        # MIG instances: the free ones by profile, less any a running job holds on this node or an earlier
+        # profile listed (`taken`: a UUID is given at most once, whatever the view says). Per node: a node
+        # that lists another node's UUIDs (an agent's lie) can cost only itself.
         self.slices: dict[str, list[str]] = {}
         self.slice_cap: dict[str, int] = {}
         if view.slices or view.slice_capacity:
@@ -366,14 +367,14 @@ class _Pass:
         for job in running:
             for name, gpus in job.allocation.items():
                 held.setdefault(name, set()).update(gpus)
-        taken: set[str] = set()  # MIG UUIDs running jobs hold, then those a node already listed
+        taken: dict[str, set[str]] = {}  # by node: MIG UUIDs running jobs hold, then those it already listed
         for job in running:
-            for uuids in job.instances.values():
-                taken.update(uuids)
+            for name, uuids in job.instances.items():
+                taken.setdefault(name, set()).update(uuids)
         self.nodes: list[_Node] = []
         for view in nodes:
             if view.schedulable:
-                self.nodes.append(_Node(len(self.nodes), view, held.get(view.name), taken))
+                self.nodes.append(_Node(len(self.nodes), view, held.get(view.name), taken.setdefault(view.name, set())))
         self.by_name = {n.name: n for n in self.nodes}
         self.holders: dict[str, list[str]] = {}  # checksum -> the nodes whose cache holds it
         for n in self.nodes:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from gpufleet.jobs.arrays import MAX_SPEC_CHARS
 from gpufleet.jobs.models import JobState
 from gpufleet.protocol.jobs import MAX_ARGV, MAX_ENV, MAX_SCRIPT_CHARS, Arg, EnvName, EnvValue
+from gpufleet.protocol.sharing import MPS_VARIABLES, SHARED_PROFILE
 
 # The job_start message must fit a 64 KiB channel frame with room to spare for the rest of it; counted
 # as encoded JSON bytes (escapes and multi-byte characters included), not characters.
@@ -67,6 +68,10 @@ class JobSubmit(BaseModel):
             raise ValueError(
                 "a job of MIG instances or shared GPUs (gpu_profile) runs on one node and asks for 1 or more"
             )
+        if self.gpu_profile == SHARED_PROFILE and self.gpus_per_node != 1:
+            raise ValueError("a job of shared GPUs asks for one replica (two would be the same GPU twice)")
+        if any(name.startswith(MPS_VARIABLES) for name in self.env):
+            raise ValueError(f"{MPS_VARIABLES}* variables are gpufleet's, set for jobs on MPS replicas")
         return self
 
     @model_validator(mode="after")

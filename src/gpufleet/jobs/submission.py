@@ -99,6 +99,8 @@ def _checked(
         raise InvalidInput(f"time limit {time_limit:.0f}s is over the cluster's maximum {limits.max_time_limit_s:.0f}s")
     if spec.priority > 0 and not who.admin:
         raise Forbidden("only job admins may raise a job's priority above 0")
+    if spec.gpu_profile == SHARED_PROFILE and backend != "builtin":
+        raise InvalidInput("shared GPUs (time-slicing, MPS) are the built-in scheduler's; under Slurm use its shards")
     if spec.gpu_profile is None:
         check_capacity(session, spec)
     elif spec.gpu_profile != SHARED_PROFILE:  # replicas: as many as nodes share; the scheduler says if none

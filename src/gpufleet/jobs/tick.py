@@ -251,26 +251,25 @@ def apply(session: Session, clock: Clock, found: Plan, settings: TickSettings) -
     if found.placements:
         names = {n for p in found.placements for n in (*p.allocation, *p.instances)}
         usable = _schedulable(session, names)
-        busy = _busy_gpus(session, names)
+        held = _Held.read(session, names)
+        changing = _changing(session, names)
         ids = [int(p.job_id) for p in found.placements]
         jobs: dict[int, Job] = {}
         for start in range(0, len(ids), UPDATE_BATCH):
             jobs.update(lifecycle.lock_jobs(session, ids[start : start + UPDATE_BATCH]))
         for placement in found.placements:
             job = jobs.get(int(placement.job_id))
-            wanted: set[tuple[str, int | str]] = {(n, g) for n, gpus in placement.allocation.items() for g in gpus}
-            wanted |= {(n, u) for n, uuids in placement.instances.items() for u in uuids}
-            # Cancelled, a node drained or lost, or a GPU taken (by a leader that overlapped this one)
-            # since the snapshot: it waits for the next pass.
+            # Cancelled, a node drained or lost, a GPU taken (by a leader that overlapped this one) or bound
+            # for another MIG layout since the snapshot: it waits for the next pass.
             if (
                 job is None
                 or job.state is not JobState.PENDING
                 or not usable.issuperset({*placement.allocation, *placement.instances})
-                or not busy.isdisjoint(wanted)
+                or not held.allows(placement, found.gpus, changing)
             ):
                 continue
             lifecycle.place(session, clock, job, placement.allocation, found.gpus, placement.instances)
-            busy |= wanted
+            held.take(placement, found.gpus)
             placed.append(job.id)
     for reason, waiting in found.reasons.items():
         for start in range(0, len(waiting), UPDATE_BATCH):
@@ -283,19 +282,62 @@ def apply(session: Session, clock: Clock, found: Plan, settings: TickSettings) -
     return TickResult(placed=placed, ended=ended, waiting=found.waiting)
 
 
-def _busy_gpus(session: Session, names: set[str]) -> set[tuple[str, int | str]]:
-    """(node, GPU index) and (node, MIG UUID) pairs that ranks hold now on these nodes: a MIG rank holds
-    its devices and, against whole-GPU jobs, their GPUs."""
-    rows = session.execute(
-        select(JobRank.node, JobRank.gpu_indexes, JobRank.gpu_uuids).where(
-            JobRank.node.in_(list(names)), JobRank.state != RankState.EXITED
+@dataclass
+class _Held:
+    """What ranks hold on some nodes, as `apply` re-checks a placement against it: GPUs held whole, GPUs
+    held in any way (whole, or some of their MIG devices or replicas), and MIG devices and replicas."""
+
+    whole: set[tuple[str, int]] = field(default_factory=set)
+    any: set[tuple[str, int]] = field(default_factory=set)
+    devices: set[tuple[str, str]] = field(default_factory=set)
+
+    @classmethod
+    def read(cls, session: Session, names: set[str]) -> _Held:
+        held = cls()
+        rows = session.execute(
+            select(JobRank.node, JobRank.gpu_indexes, JobRank.gpu_uuids, Job.gpu_profile)
+            .join(Job, Job.id == JobRank.job_id)
+            .where(JobRank.node.in_(list(names)), JobRank.state != RankState.EXITED)
         )
-    )
-    busy: set[tuple[str, int | str]] = set()
-    for node, gpus, uuids in rows:
-        busy.update((node, gpu) for gpu in gpus)
-        busy.update((node, u) for u in uuids or () if u.startswith("MIG-") or "@" in u)  # devices, replicas
-    return busy
+        for node, indexes, uuids, profile in rows:
+            held.any.update((node, i) for i in indexes)
+            if profile is None:
+                held.whole.update((node, i) for i in indexes)
+            else:
+                held.devices.update((node, u) for u in uuids or ())
+        return held
+
+    def allows(
+        self, placement: Placement, nodes: dict[str, lifecycle.NodeGpus], changing: set[tuple[str, int]]
+    ) -> bool:
+        """A whole GPU nobody holds in any way, or devices nobody holds on GPUs nobody holds whole; and
+        no GPU bound for another MIG layout."""
+        whole = {(n, i) for n, indexes in placement.allocation.items() for i in indexes}
+        devices = {(n, u) for n, uuids in placement.instances.items() for u in uuids}
+        parents = {(n, nodes[n].mig_parent.get(u, -1)) for n, u in devices}
+        return (
+            self.any.isdisjoint(whole)
+            and self.devices.isdisjoint(devices)
+            and self.whole.isdisjoint(parents)
+            and changing.isdisjoint(whole | parents)
+        )
+
+    def take(self, placement: Placement, nodes: dict[str, lifecycle.NodeGpus]) -> None:
+        whole = {(n, i) for n, indexes in placement.allocation.items() for i in indexes}
+        devices = {(n, u) for n, uuids in placement.instances.items() for u in uuids}
+        self.whole |= whole
+        self.any |= whole | {(n, nodes[n].mig_parent.get(u, -1)) for n, u in devices}
+        self.devices |= devices
+
+
+def _changing(session: Session, names: set[str]) -> set[tuple[str, int]]:
+    """(node, GPU index) of these nodes' GPUs bound for another MIG layout, read in `apply`'s own
+    transaction: a layout declared since the pass's snapshot holds new jobs off too."""
+    query = select(Node.id, Node.name).where(Node.name.in_(list(names)))
+    ids: dict[int, str] = {row.id: row.name for row in session.execute(query)}
+    return {
+        (ids[node_id], i) for node_id, indexes in mig_layouts.to_change(session, list(ids)).items() for i in indexes
+    }
 
 
 def _schedulable(session: Session, names: set[str]) -> set[str]:
@@ -311,16 +353,12 @@ def _nodes(
     """Every node as the scheduler sees it, the nodes' GPUs for placements, and the largest share of a
     GPU one replica is on a sharing node; `wanted`: the checksums queued jobs need (only those of the
     node caches are read, as a pass runs every second and most queues need none)."""
-    busy_gpus: dict[int, set[int]] = defaultdict(set)
-    busy_mig: set[str] = set()
+    holds: dict[int, _NodeHolds] = defaultdict(_NodeHolds)
     cpus_used: dict[int, int] = defaultdict(int)
     mem_used: dict[int, int] = defaultdict(int)
     for rank in held:
         if rank.node_id is not None:
-            if rank.profile is None:
-                busy_gpus[rank.node_id].update(rank.gpu_indexes)
-            else:
-                busy_mig.update(rank.gpu_uuids)
+            holds[rank.node_id].add(rank)
             cpus_used[rank.node_id] += rank.cpus_per_node
             mem_used[rank.node_id] += rank.mem_per_node_mib
     drivers = environments.node_drivers(session)
@@ -349,7 +387,7 @@ def _nodes(
         select(Gpu.node_id, Gpu.index, Gpu.uuid, Gpu.mig_mode, Gpu.mig)
     ):
         if node_id in shapes:
-            shapes[node_id].add(index, uuid, mode, mig or [], index in changing.get(node_id, ()), busy_mig)
+            shapes[node_id].add(index, uuid, mode, mig or [], index in changing.get(node_id, ()), holds[node_id])
     views = []
     gpus = {}
     for node_id, name, state, health, drained_at, category, labels, cpus, mem, expected, _ in rows:
@@ -362,7 +400,7 @@ def _nodes(
                 # A GPU in MIG mode or shared is never a whole GPU to the scheduler: its instances or
                 # replicas are its offer.
                 gpu_count=max(expected, len(shape.uuids)) - len(shape.sliced),
-                gpus=frozenset(shape.whole - busy_gpus.get(node_id, set())),
+                gpus=frozenset(shape.whole),
                 cpus=cpus or 0,
                 mem_mib=mem or 0,
                 # Unknown CPU or memory (no inventory yet) does not block GPU jobs: counted as plenty.
@@ -391,6 +429,27 @@ def _sharing(category: dict[str, Any] | None, node: dict[str, Any] | None) -> tu
 
 
 @dataclass
+class _NodeHolds:
+    """What one node's ranks hold: GPUs in any way (whole, or a MIG device or replica of them), and the MIG
+    devices and replicas, by GPU."""
+
+    gpus: set[int] = field(default_factory=set)
+    whole: set[int] = field(default_factory=set)
+    devices: set[str] = field(default_factory=set)
+    replica_keys: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+
+    def add(self, rank: lifecycle.HeldRank) -> None:
+        self.gpus.update(rank.gpu_indexes)
+        if rank.profile is None:
+            self.whole.update(rank.gpu_indexes)
+            return
+        self.devices.update(rank.gpu_uuids)
+        if rank.profile == SHARED_PROFILE:
+            for index, key in zip(rank.gpu_indexes, rank.gpu_uuids, strict=False):
+                self.replica_keys[index].add(key)
+
+
+@dataclass
 class _GpuShapes:
     """One node's GPUs as the scheduler offers them: whole GPUs free to take, free MIG devices, and free
     replicas of shared GPUs (protocol.sharing)."""
@@ -404,31 +463,38 @@ class _GpuShapes:
     capacity: Counter[str] = field(default_factory=Counter)
 
     def add(
-        self, index: int, uuid: str, mode: str | None, mig: list[dict[str, Any]], changing: bool, busy: set[str]
+        self, index: int, uuid: str, mode: str | None, mig: list[dict[str, Any]], changing: bool, holds: _NodeHolds
     ) -> None:
+        """Offer GPU `index`: whole if nothing holds it, as replicas on a sharing node, or its MIG devices.
+        A GPU held in another way than the node offers it now (its gpu_sharing changed under a running job)
+        offers nothing until that job ends."""
         self.uuids[index] = uuid
         shared, replicas = self.sharing
         if mode != "enabled" and shared != "exclusive":
             self.sliced.add(index)
-            for k in range(replicas):
-                key = replica_key(uuid, shared, k, replicas)
+            keys = [replica_key(uuid, shared, k, replicas) for k in range(replicas)]
+            held = holds.replica_keys.get(index, set())
+            stale = index in holds.whole or not held.issubset(keys)  # held whole, or as other replicas
+            for key in keys:
                 self.mig_parent[key] = index
                 self.capacity[SHARED_PROFILE] += 1
-                if not changing and key not in busy:
+                if not changing and not stale and key not in held:
                     self.free_slices[SHARED_PROFILE].append(key)
             return
         if mode != "enabled":
-            if not changing:
+            if not changing and index not in holds.gpus:
                 self.whole.add(index)
             return
         self.sliced.add(index)
+        # Held whole or as replicas (a mode changed under a running job, in a race): nothing to offer.
+        busy = None if index in holds.whole or index in holds.replica_keys else holds.devices
         for device in mig:
             profile, mig_uuid = str(device.get("profile") or ""), str(device["uuid"])
             self.mig_parent[mig_uuid] = index
             if not profile:
                 continue  # a device nobody can ask for by name
             self.capacity[profile] += 1
-            if not changing and mig_uuid not in busy:
+            if not changing and busy is not None and mig_uuid not in busy:
                 self.free_slices[profile].append(mig_uuid)
 
 

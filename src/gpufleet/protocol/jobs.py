@@ -13,9 +13,16 @@ a reconnect starts nothing twice, and an update resent after a reconnect is reco
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    model_serializer,
+)
 
 from gpufleet.protocol.artifacts import MAX_STAGED, StageRef
 from gpufleet.protocol.bounds import MAX_INT64
@@ -68,6 +75,16 @@ class JobStart(RankRef):
     master_port: int = Field(default=29500, ge=1, le=65535)
     # Models and datasets the agent stages into its node cache, checksum checked, before the rank starts.
     artifacts: list[StageRef] = Field(default_factory=list, max_length=MAX_STAGED)
+    # An MPS replica (protocol.sharing): the agent starts its GPU's MPS control daemon first. Said by the
+    # head, never read from the job's own variables, which any user sets.
+    mps: bool = False
+
+    @model_serializer(mode="wrap")
+    def _without_default_mps(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.mps:
+            data.pop("mps", None)  # as before the field existed: older agents refuse unknown keys
+        return data
 
 
 class JobCancel(RankRef):

@@ -33,7 +33,7 @@ MAX_INSTANCES_PER_GPU = 7
 NO_MIG = "none"
 LAYOUT_MAX_CHARS = 128
 
-Uuid = Annotated[str, StringConstraints(min_length=1, max_length=96)]
+Uuid = Annotated[str, StringConstraints(pattern=r"^MIG-\S{1,92}$")]  # what CUDA_VISIBLE_DEVICES names
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +107,8 @@ def mig_family(model: str, memory_total_mib: int | None = None) -> str | None:
     """The PROFILES key of a GPU model name ("NVIDIA H200", "NVIDIA A100-SXM4-80GB"), or None for a GPU
     without MIG. An A100 whose name does not say its memory is told by `memory_total_mib`."""
     text = model.upper()
+    if "GH200" in text or "GH100" in text:
+        return None  # Grace Hopper sizes its profiles otherwise: not in these tables
     if "H200" in text:
         return "H200"
     if "H100" in text:

@@ -20,6 +20,8 @@ import re
 from typing import Literal
 
 SHARED_PROFILE = "shared"
+MPS_PIPE_ROOT = "/tmp"  # noqa: S108 - beside NVIDIA's default /tmp/nvidia-mps, where MPS users look for it
+MPS_VARIABLES = "CUDA_MPS_"  # what gpufleet sets for MPS replicas; a job may not set them itself
 MAX_REPLICAS = 48  # MPS serves at most 48 clients per GPU; time-slicing more gains nothing
 SharingMode = Literal["exclusive", "time-slicing", "mps"]
 
@@ -66,21 +68,24 @@ def share_of(key: str) -> float:
     return 1.0 / found[2] if found is not None else 1.0
 
 
+def mps_pipe_directory(gpu_uuid: str) -> str:
+    """Where the MPS control daemon of one GPU listens: one daemon per GPU (agent.jobs.mps), so a node's
+    other GPUs and their jobs never become MPS clients."""
+    return f"{MPS_PIPE_ROOT}/nvidia-mps-{gpu_uuid}"
+
+
 def mps_environment(keys: list[str], memory_mib: dict[str, int]) -> dict[str, str]:
-    """The MPS client limits for a rank holding these replicas (none unless one is an MPS replica): its
-    share of the SMs, and of each GPU's memory (`memory_mib`: a GPU's memory by its UUID; the limit is
-    keyed by the device's place in CUDA_VISIBLE_DEVICES, as MPS reads it)."""
-    found = [parse_replica(k) for k in keys]
-    mps = [f for f in found if f is not None and f[1] == "mps"]
-    if not mps:
+    """What a rank on an MPS replica is given (none unless one of `keys` is an MPS replica): its GPU's
+    daemon, and its share of the SMs and of the memory (`memory_mib`: a GPU's memory by its UUID). A job of
+    replicas has one (submission refuses more), so the limits are for device 0."""
+    found = [f for f in (parse_replica(k) for k in keys) if f is not None and f[1] == "mps"]
+    if not found:
         return {}
-    replicas = max(f[2] for f in mps)
-    limits = [
-        f"{place}={memory_mib[f[0]] // f[2]}M"
-        for place, f in enumerate(found)
-        if f is not None and f[1] == "mps" and f[0] in memory_mib
-    ]
-    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, 100 // replicas))}
-    if limits:
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(limits)
+    gpu, _, replicas = found[0]
+    env = {
+        "CUDA_MPS_PIPE_DIRECTORY": mps_pipe_directory(gpu),
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, 100 // replicas)),
+    }
+    if gpu in memory_mib:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory_mib[gpu] // replicas}M"
     return env

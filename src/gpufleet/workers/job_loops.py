@@ -210,7 +210,9 @@ class JobLoops:
             return 0
         with transaction(self.sessions) as session:
             messages: list[tuple[int, BaseModel]] = [*dispatch.outgoing(session, self.clock, nodes)]
-            messages += reconcile.outgoing(session, self.clock, nodes)  # MIG layouts for idle GPUs
+            # MIG layouts for idle GPUs (under Slurm, for the nodes Slurm has drained)
+            slurm = self.settings.workload_manager == "slurm"
+            messages += reconcile.outgoing(session, self.clock, nodes, slurm=slurm)
         for node_id, message in messages:
             self.send(node_id, message.model_dump_json())
         return len(messages)

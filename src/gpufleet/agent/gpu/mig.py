@@ -64,6 +64,9 @@ def read_instances(nvml: Any, handle: Any, model: str, memory_total_mib: int) ->
         profile = names.get(int(info.profileId)) or _name_from_table(
             model, memory_total_mib, int(attributes.gpuInstanceSliceCount), int(attributes.memorySizeMB)
         )
+        compute = int(attributes.computeInstanceSliceCount)
+        if profile and 0 < compute < int(attributes.gpuInstanceSliceCount):
+            profile = f"{compute}c.{profile}"  # a part of its GPU instance, as NVIDIA names it: not scheduled
         out.append(
             MigInstance(
                 uuid=as_text(nvml.nvmlDeviceGetUUID(device)),

@@ -34,8 +34,8 @@ What a rank gets:
   workdir bound, the network shared. podman runs as the agent (root), so its own environment is fixed
   and the job's variables reach the container through an `--env-file` only root reads
   (`<spool_dir>/<job>-<run>-<rank>.env`, removed once the rank ends); bubblewrap is started as the user.
-- **The MPS daemon where asked**: a rank on MPS replicas (its variables carry CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,
-  protocol.sharing) gets the control daemon started first if it is not running (`mps.MpsDaemon`); where it
+- **Its GPU's MPS daemon where the head says so** (`launch.mps`: a rank on MPS replicas, protocol.sharing):
+  started first if it is not running, stopped after the GPU's last MPS rank (`mps.MpsDaemons`); where it
   cannot be, the rank runs time-sliced and its result says so.
 - **Its output** streamed to `on_output` as it comes (UTF-8, errors replaced, at most MAX_OUTPUT_CHUNK
   characters per call) and kept whole in `<spool_dir>/<job>-<run>-<rank>.out` and `.err`.
@@ -80,7 +80,7 @@ from gpufleet.agent.jobs.identity import (
     job_environment,
     workdir_for,
 )
-from gpufleet.agent.jobs.mps import MPS_VARIABLE, MpsDaemon
+from gpufleet.agent.jobs.mps import MpsDaemons
 from gpufleet.agent.jobs.output import OutputStream, RankProtocol, spool_file
 from gpufleet.agent.jobs.ports import OnOutput, OnStarted, RankResult
 from gpufleet.agent.jobs.tree import ProcessTree
@@ -157,7 +157,7 @@ class ProcessExecutor:
         containers: Containers | None = None,
         track_s: float = 1.0,
         min_uid: int = DEFAULT_MIN_UID,
-        mps: MpsDaemon | None = None,
+        mps: MpsDaemons | None = None,
     ) -> None:
         self.spool_dir = spool_dir
         self.min_uid = min_uid
@@ -165,7 +165,7 @@ class ProcessExecutor:
         self.cgroups = cgroups
         self.containers = containers or Containers()
         self.track_s = track_s
-        self.mps = mps if mps is not None else MpsDaemon()
+        self.mps = mps if mps is not None else MpsDaemons()
 
     @classmethod
     def on_this_node(
@@ -242,8 +242,10 @@ class ProcessExecutor:
         if prepared.enter is not None:  # podman (root) mounts the workdir: only one the user may enter
             await enter_as(*prepared.enter)
         notes = []
-        if MPS_VARIABLE in launch.env and (why := await self.mps.ensure()) is not None:
-            notes.append(why)  # it runs all the same, time-sliced
+        mps_gpus = list(launch.gpu_uuids) if launch.mps else []
+        for gpu in mps_gpus:
+            if (why := await self.mps.acquire(gpu)) is not None:
+                notes.append(why)  # it runs all the same, time-sliced
         if (launch.cpus or launch.mem_mib) and prepared.cgroup is None and prepared.podman_name is None:
             notes.append("cpu and memory limits not enforced (no cgroup v2 with cpu and memory on this node)")
         try:
@@ -257,6 +259,8 @@ class ProcessExecutor:
                     prepared.env_file.unlink()
             if prepared.cgroup is not None:
                 cgroup_remove(prepared.cgroup)
+            for gpu in mps_gpus:
+                await asyncio.shield(self.mps.release(gpu))
 
     async def _spawn_and_wait(
         self,

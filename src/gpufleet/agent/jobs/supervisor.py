@@ -83,6 +83,10 @@ class JobSupervisor:
         self.ranks[key] = rank
         rank.task = asyncio.create_task(self._run(rank), name=f"job-{launch.job_id}.{launch.run}.{launch.rank}")
 
+    def gpus_in_use(self) -> set[int]:
+        """The GPU indexes of the ranks that have not ended (a MIG device's rank holds its GPU)."""
+        return {i for rank in self.ranks.values() if rank.result is None for i in rank.launch.gpu_indexes}
+
     def cancel(self, order: JobCancel) -> None:
         rank = self.ranks.get(_key(order))
         if rank is None:  # never started here, or ended and acknowledged: nothing holds its GPUs

@@ -37,6 +37,7 @@ reads SLURM_ARRAY_TASK_ID, the same number.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -122,9 +123,23 @@ def inventory_mig_types(instances: Iterable[InventoryMig]) -> dict[str, str]:
     seen: dict[str, Counter[str]] = {}
     for instance in instances:
         profile, kind = gpu_instance_profile(instance.profile), mig_slurm_type(instance)
-        if profile and kind:
+        if profile and kind and _plausible(profile, kind):
             seen.setdefault(profile, Counter())[kind] += 1
     return {profile: min(kinds, key=lambda k: (-kinds[k], k)) for profile, kinds in seen.items()}
+
+
+def _plausible(profile: str, kind: str) -> bool:
+    """Whether a reported type can be the profile's: its slices, and its memory within a GiB or two of what
+    the profile tables say. An agent reporting odd instances must not decide every job's `--gres`."""
+    shape = re.compile(r"^(\d+)g\.(\d+)gb$")
+    reported = shape.match(kind)
+    if reported is None:
+        return False
+    for known in slurm_types(profile):
+        expected = shape.match(known)
+        if expected and expected[1] == reported[1] and abs(int(expected[2]) - int(reported[2])) <= 2:
+            return True
+    return False
 
 
 def mig_gres_type(profile: str, inventory: Mapping[str, str]) -> str:

@@ -19,6 +19,7 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("nodes") as batch:
         batch.add_column(sa.Column("mig_sent_at", sa.DateTime(timezone=True), nullable=True))
+        batch.add_column(sa.Column("mig_answered", sa.Boolean(), nullable=False, server_default=sa.false()))
         batch.add_column(sa.Column("mig_errors", sa.JSON(), nullable=False, server_default="{}"))
     with op.batch_alter_table("gpus") as batch:
         batch.add_column(sa.Column("mig", sa.JSON(), nullable=False, server_default="[]"))
@@ -33,4 +34,5 @@ def downgrade() -> None:
         batch.drop_column("mig")
     with op.batch_alter_table("nodes") as batch:
         batch.drop_column("mig_errors")
+        batch.drop_column("mig_answered")
         batch.drop_column("mig_sent_at")
