@@ -45,6 +45,7 @@ VALID: dict[str, dict[str, Any]] = {
     "events": {"type": "events", "events": [{"ts": NOW, "kind": "xid", "gpu": 0, "code": 79}]},
     "logs": {"type": "logs", "lines": [{"ts": NOW, "source": "kernel", "line": "x", "code": 79, "gpu": 0}]},
     "fault_result": {"type": "fault_result", "id": 1, "ok": True},
+    "mig_result": {"type": "mig_result", "id": 1, "errors": {"0": "in use"}},
     "job_update": {"type": "job_update", "job_id": 1, "run": 1, "rank": 0, "state": "running"},
     "job_output": {
         "type": "job_output",

@@ -23,6 +23,7 @@ from sqlalchemy import select
 from starlette.testclient import WebSocketTestSession
 from starlette.websockets import WebSocketDisconnect
 
+from gpufleet.core.clock import to_datetime
 from gpufleet.core.db import Base, transaction
 from gpufleet.inventory.models import Node
 from gpufleet.jobs.models import Job
@@ -222,6 +223,23 @@ def _node_cache(w: World) -> None:
         wait_until(lambda: w.evils("node_artifacts") == 1, "evil's cache recorded as evil's")
 
 
+def _mig_result(w: World) -> None:
+    """A MIG answer speaks for the node whose channel it came on: evil's says something of evil alone."""
+    with transaction(w.ctx.sessions) as s:
+        evil = s.get(Node, w.evil_id)
+        assert evil is not None
+        evil.mig_sent_at = to_datetime(w.ctx.clock.now())  # as if the head had asked evil for a layout
+    with channel(w.client, w.evil) as ws:
+        ws.send_text(json.dumps({"type": "mig_result", "id": 1, "errors": {"0": "forged"}}))
+
+        def recorded() -> bool:
+            with transaction(w.ctx.sessions, readonly=True) as s:
+                found = s.get(Node, w.evil_id)
+                return found is not None and found.mig_errors == {"0": "forged"}
+
+        wait_until(recorded, "evil's answer recorded as evil's")
+
+
 def _next_of(ws: WebSocketTestSession, kind: str) -> dict[str, Any]:
     """The next message of type `kind` the head sent on `ws` (job starts and the like may come first)."""
     while True:
@@ -237,6 +255,7 @@ CASES: dict[str, Callable[[World], None]] = {
     "events": _events,
     "logs": _logs,
     "fault_result": _fault_result,
+    "mig_result": _mig_result,
     "job_update": _job_update,
     "job_output": _job_output,
     "job_held": _job_held,

@@ -30,6 +30,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Head, Pa
         names = sorted(n["name"] for n in head.nodes())
         for name in names[:SLICED]:
             head.api("PATCH", f"/api/v1/nodes/{name}/settings", json={"category": "slices"})
+        head.api("PATCH", f"/api/v1/nodes/{names[SLICED]}/settings", json={"category": "notebooks"})
         head.api("POST", "/api/v1/users", json={"username": "alice"})
         yield head, tmp, names
     finally:
@@ -112,20 +113,25 @@ def test_a_node_time_sliced_four_ways_runs_four_replica_jobs_on_its_one_gpu(
 ) -> None:
     head, _, names = cluster
     whole = names[SLICED]
-    head.api("PATCH", f"/api/v1/nodes/{whole}/settings", json={"set": {"gpu_sharing": "time-slicing:4"}})
-    gpu = head.api("GET", f"/api/v1/nodes/{whole}")["gpus"][0]["uuid"]
+    settings = f"/api/v1/nodes/{whole}/settings"
+    head.api("PATCH", settings, json={"set": {"gpu_sharing": "time-slicing:4"}})
+    try:
+        gpu = head.api("GET", f"/api/v1/nodes/{whole}")["gpus"][0]["uuid"]
+        mine = {"gpu_profile": "shared", "gpus_per_node": 1, "category": "notebooks"}
+        shared = [_submit(head, argv=["sleep", "4"], **mine) for _ in range(4)]
+        fifth = _submit(head, argv=["sleep", "1"], **mine)
+        exclusive = _submit(head, argv=["sleep", "1"], category="notebooks")  # its one GPU is not whole now
+        wait_for(lambda: all(_job(head, j)["state"] == "running" for j in shared), 30, interval=0.25)
 
-    shared = [_submit(head, argv=["sleep", "4"], gpu_profile="shared", gpus_per_node=1) for _ in range(4)]
-    fifth = _submit(head, argv=["sleep", "1"], gpu_profile="shared", gpus_per_node=1)
-    exclusive = _submit(head, argv=["sleep", "1"])  # a whole GPU: none is left whole anywhere
-    wait_for(lambda: all(_job(head, j)["state"] == "running" for j in shared), 30, interval=0.25)
+        ranks = [_job(head, j)["ranks"][0] for j in shared]
+        assert {r["node"] for r in ranks} == {whole}
+        assert len({u for r in ranks for u in r["gpu_uuids"]}) == 4  # four replicas, never one twice
+        assert all(u.startswith(f"{gpu}@time-slicing:") for r in ranks for u in r["gpu_uuids"])
+        assert _job(head, fifth)["state"] == "pending"
+        assert _job(head, exclusive)["state"] == "pending"
 
-    ranks = [_job(head, j)["ranks"][0] for j in shared]
-    assert {r["node"] for r in ranks} == {whole}
-    assert len({u for r in ranks for u in r["gpu_uuids"]}) == 4  # four replicas, never one twice
-    assert all(u.startswith(f"{gpu}@time-slicing:") for r in ranks for u in r["gpu_uuids"])
-    assert _job(head, fifth)["state"] == "pending"
-    assert _job(head, exclusive)["state"] == "pending"
-
-    # The jobs completed on the simulated node: each was sent the GPU's own UUID, which it has.
-    wait_for(lambda: all(_job(head, j)["state"] == "completed" for j in [*shared, fifth]), 60, interval=0.5)
+        # The jobs completed on the simulated node: each was sent the GPU's own UUID, which it has.
+        wait_for(lambda: all(_job(head, j)["state"] == "completed" for j in [*shared, fifth]), 60, interval=0.5)
+        assert _job(head, exclusive)["state"] == "pending"
+    finally:  # the other test of the module wants the node whole, whichever runs first
+        head.api("PATCH", settings, json={"unset": ["gpu_sharing"]})

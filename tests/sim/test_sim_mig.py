@@ -8,7 +8,7 @@ import pytest
 from gpufleet.agent.gpu import nvml_api as api
 from gpufleet.agent.gpu.mig import MigError
 from gpufleet.agent.gpu.nvml import NvmlReader
-from gpufleet.agent.metrics.gpu import GpuCollector
+from gpufleet.agent.metrics.gpu import MIG_LOOK_ROUNDS, GpuCollector
 from gpufleet.sim.mig import Placement
 from gpufleet.sim.nvml import SimulatedNvml
 from gpufleet.sim.nvml_types import NVMLError_InsufficientResources, NVMLError_InUse, NVMLError_NotSupported
@@ -127,7 +127,10 @@ def test_each_mig_device_reports_its_own_memory(node: tuple[SimulatedNvml, NvmlR
     reader.apply_mig(0, "3g.71gb+4g.71gb")
     busy = next(m for m in reader.read()[0].mig if m.profile == "3g.71gb")
     nvml.attach([busy.uuid])
-    after = collector.collect().entities
+    for _ in range(MIG_LOOK_ROUNDS):  # a GPU turned to MIG is looked at again within that many rounds
+        after = collector.collect().entities
+        if any(name.startswith("mig:") for name in after):
+            break
 
     assert not any(name.startswith("mig:") for name in before)
     migs = {name: values for name, values in after.items() if name.startswith("mig:")}

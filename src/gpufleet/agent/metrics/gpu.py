@@ -81,6 +81,7 @@ READER_METRICS: dict[str, tuple[str, ...]] = {
     "pcie_replay": ("pcie_replay_counter",),
     "nvlink_state": ("nvlink_links_up", "nvlink_links_total"),
 }
+MIG_LOOK_ROUNDS = 12  # how often a GPU not in MIG mode is asked whether it is now (a minute at 5 s)
 # Per-field answers that mean "never on this GPU": not supported, or a field id this driver predates.
 _REFUSED = (api.NVML_ERROR_NOT_SUPPORTED, api.NVML_ERROR_INVALID_ARGUMENT)
 NVLINK_METRICS = (
@@ -112,6 +113,7 @@ class _GpuState:
     static: dict[str, float] = field(default_factory=dict)  # values that never change (max PCIe link)
     unsupported: dict[str, str] = field(default_factory=dict)  # metric -> why it is left out
     mig_capable: bool = True  # False once NVML said this GPU has no MIG: not asked again
+    mig_enabled: bool = False  # as of the last look (every MIG_LOOK_ROUNDS rounds while off)
 
 
 class GpuCollector:
@@ -130,6 +132,7 @@ class GpuCollector:
         self._clock = clock
         self._gpus: list[_GpuState] = []
         self._listed = False
+        self._round = -1  # the first round is 0: MIG is looked at then
         self.calls = 0
         self._readers: dict[str, Callable[[_GpuState], dict[str, float]]] = {
             "utilization": self._utilization,
@@ -156,6 +159,7 @@ class GpuCollector:
         """
         nvml = self._open()
         out = Collected()
+        self._round += 1
         try:
             count = int(self._call("nvmlDeviceGetCount"))
         except (nvml.NVMLError, _GpuLost) as exc:
@@ -184,11 +188,14 @@ class GpuCollector:
     def _mig_devices(self, state: _GpuState, out: Collected) -> None:
         """Each MIG device's memory, as `mig:<gpu>/<gpu instance>` (NVML gives a MIG device no utilization,
         temperature or power of its own: those stay the GPU's). A failure here costs only these entities."""
-        if not state.mig_capable:
-            return
         nvml = self._nvml
+        if not state.mig_capable or not hasattr(nvml, "nvmlDeviceGetMigMode"):
+            return
+        if not state.mig_enabled and self._round % MIG_LOOK_ROUNDS:
+            return  # a GPU turned to MIG is seen within MIG_LOOK_ROUNDS rounds; no call every round for it
         try:
-            if int(self._call("nvmlDeviceGetMigMode", state.handle)[0]) != api.NVML_DEVICE_MIG_ENABLE:
+            state.mig_enabled = int(self._call("nvmlDeviceGetMigMode", state.handle)[0]) == api.NVML_DEVICE_MIG_ENABLE
+            if not state.mig_enabled:
                 return
             for slot in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", state.handle))):
                 try:
