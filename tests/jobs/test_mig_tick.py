@@ -25,6 +25,9 @@ from tests.sharing.helpers import H200, SEVEN_1G, T4, add_node
 ONE_G = "1g.18gb"
 DEVICES = {f"MIG-n1-0-{k}" for k in range(7)}
 
+# Above the database: tests/sharing/test_mig_reconcile.py runs the MIG queries on both.
+pytestmark = pytest.mark.one_database
+
 
 @pytest.fixture
 def mixed(sessions: sessionmaker[Session], clock: FakeClock) -> sessionmaker[Session]:

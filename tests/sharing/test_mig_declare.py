@@ -33,6 +33,9 @@ from tests.sharing.helpers import (
     send,
 )
 
+# Above the database: tests/sharing/test_mig_reconcile.py runs the MIG queries on both.
+pytestmark = pytest.mark.one_database
+
 
 @pytest.fixture
 def fleet(sessions: sessionmaker[Session], clock: FakeClock) -> sessionmaker[Session]:
@@ -245,7 +248,6 @@ def _gpus(answer: list[dict[str, Any]]) -> dict[str, list[tuple[Any, ...]]]:
     return {n["node"]: [(g["index"], g["declared"], g["actual"], g["in_sync"]) for g in n["gpus"]] for n in answer}
 
 
-@pytest.mark.one_database
 def test_mig_layouts_over_http(
     client: TestClient, fleet: sessionmaker[Session], clock: FakeClock, sessions: sessionmaker[Session]
 ) -> None:
