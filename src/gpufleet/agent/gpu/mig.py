@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from gpufleet.agent.gpu import nvml_api as api
@@ -118,22 +119,23 @@ def _set_mode(nvml: Any, handle: Any, mode: int) -> None:
 
 def _destroy_all(nvml: Any, handle: Any) -> None:
     """Every compute and GPU instance, compute instances first (NVML refuses the other order)."""
-    for gi_id in range(1, MAX_GPU_INSTANCE_ID + 1):
-        try:
-            instance = nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
-        except nvml.NVMLError as exc:
-            if api.error_code(exc) in (api.NVML_ERROR_NOT_FOUND, api.NVML_ERROR_INVALID_ARGUMENT):
-                continue
-            raise
-        for ci_id in range(MAX_COMPUTE_INSTANCE_ID + 1):
-            try:
-                compute = nvml.nvmlGpuInstanceGetComputeInstanceById(instance, ci_id)
-            except nvml.NVMLError as exc:
-                if api.error_code(exc) in (api.NVML_ERROR_NOT_FOUND, api.NVML_ERROR_INVALID_ARGUMENT):
-                    continue
-                raise
+    for instance in _existing(nvml, nvml.nvmlDeviceGetGpuInstanceById, handle, range(1, MAX_GPU_INSTANCE_ID + 1)):
+        for compute in _existing(
+            nvml, nvml.nvmlGpuInstanceGetComputeInstanceById, instance, range(MAX_COMPUTE_INSTANCE_ID + 1)
+        ):
             nvml.nvmlComputeInstanceDestroy(compute)
         nvml.nvmlGpuInstanceDestroy(instance)
+
+
+def _existing(nvml: Any, get: Any, parent: Any, ids: range) -> Iterator[Any]:
+    """The instances `get(parent, id)` finds among `ids`; an id without one is skipped (NVML says not found,
+    or invalid for an id past what this GPU numbers)."""
+    for instance_id in ids:
+        try:
+            yield get(parent, instance_id)
+        except nvml.NVMLError as exc:
+            if api.error_code(exc) not in (api.NVML_ERROR_NOT_FOUND, api.NVML_ERROR_INVALID_ARGUMENT):
+                raise
 
 
 def _create(nvml: Any, handle: Any, instance: PlacedInstance) -> None:
