@@ -508,23 +508,24 @@ class _Pass:
             key=lambda n: (-len(n.cached & job.data), -self._free(n, job) if spread else self._free(n, job), n.name),
         )
 
+    def _first_fit(self, buckets: Sequence[set[int]], order: range, job: JobRequest) -> _Node | None:
+        """The first node, walking the buckets in `order`, with the job's CPUs, memory and driver."""
+        for k in order:
+            for i in buckets[k]:
+                n = self.nodes[i]
+                if n.cpu_free >= job.cpus_per_node and n.mem_free >= job.mem_per_node_mib and job.runs_on(n.driver):
+                    return n
+        return None
+
     def _find_one(self, job: JobRequest, include_reserved: bool) -> _Node | None:
-        g, c, m = job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mib
+        g = job.gpus_per_node
         best_pack: _Node | None = None
         best_spread: _Node | None = None
         for cat in self._cats(job.category):
             buckets = self.buckets[cat]
             spread = self.policy.for_category(cat) == "spread"
             order = range(self.width - 1, g - 1, -1) if spread else range(g, self.width)
-            hit: _Node | None = None
-            for k in order:
-                for i in buckets[k]:
-                    n = self.nodes[i]
-                    if n.cpu_free >= c and n.mem_free >= m and job.runs_on(n.driver):
-                        hit = n
-                        break
-                if hit is not None:
-                    break
+            hit = self._first_fit(buckets, order, job)
             if hit is None:
                 continue
             # Across categories (a job without one): a pack category's fullest fit wins, so whole nodes
@@ -586,22 +587,14 @@ class _Pass:
         self, job: JobRequest, profile: str, by_cat: dict[str | None, list[set[int]]], cats: Iterable[str | None]
     ) -> _Node | None:
         """One unreserved node for a one-node slice job, walking the profile's buckets like `_find_one`."""
-        g, c, m = job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mib
+        g = job.gpus_per_node
         width = self.swidth[profile]
         best_pack: _Node | None = None
         best_spread: _Node | None = None
         for cat in cats:
             buckets = by_cat[cat]
             spread = self.policy.for_category(cat) == "spread"
-            hit: _Node | None = None
-            for k in range(width - 1, g - 1, -1) if spread else range(g, width):
-                for i in buckets[k]:
-                    n = self.nodes[i]
-                    if n.cpu_free >= c and n.mem_free >= m and job.runs_on(n.driver):
-                        hit = n
-                        break
-                if hit is not None:
-                    break
+            hit = self._first_fit(buckets, range(width - 1, g - 1, -1) if spread else range(g, width), job)
             if hit is None:
                 continue
             free = len(hit.slices[profile])
