@@ -11,7 +11,7 @@ WORKERS ?= 2
 VENDOR       := src/gpufleet/web/static/vendor
 VENDOR_STAMP := $(VENDOR)/.stamp
 
-.PHONY: demo test lint typecheck contracts pytest docs venv assets clean screenshots
+.PHONY: demo test lint typecheck contracts pytest docs venv assets clean screenshots dist
 
 demo: $(STAMP) $(VENDOR_STAMP)
 	$(BIN)/gpufleet demo
@@ -56,8 +56,12 @@ pytest: $(STAMP) $(VENDOR_STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d build/site
 
+# The wheel, the sdist and the agent's zipapp in dist/ (scripts/dist.sh; docs/install.md).
+dist: $(STAMP) $(VENDOR_STAMP)
+	PYTHON=$(BIN)/python bash scripts/dist.sh dist
+
 clean:
-	rm -rf build site node_modules $(VENDOR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist site node_modules $(VENDOR) .pytest_cache .mypy_cache .ruff_cache
 
 # Regenerates docs/images/*.png: a real head and 1,000 simulated nodes in Chromium (about 7 minutes).
 screenshots: $(STAMP) $(VENDOR_STAMP)
