@@ -21,6 +21,7 @@ from gpufleet.cli.state import state
 from gpufleet.core import gc_tuning, logs
 from gpufleet.core.config_storage import check_mount_paths
 from gpufleet.core.errors import GpufleetError, InvalidInput
+from gpufleet.doctor.command import doctor
 from gpufleet.protocol.messages import check_node_name
 from gpufleet.protocol.metrics import FAULT_KINDS
 
@@ -88,6 +89,9 @@ def server_init(
     else:
         typer.echo(f"server certificate kept: {result.files.cert} (--reissue for a new one)")
     typer.echo("`gpufleet server` now serves HTTPS; new join tokens carry the CA fingerprint for agents to pin.")
+
+
+app.command("doctor")(doctor)
 
 
 @app.command("agent")
