@@ -22,6 +22,8 @@ from gpufleet.core import gc_tuning, logs
 from gpufleet.core.config_storage import check_mount_paths
 from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.doctor.command import doctor
+from gpufleet.ops.commands import add_commands as add_server_commands
+from gpufleet.ops.commands import check_upgrade
 from gpufleet.protocol.messages import check_node_name
 from gpufleet.protocol.metrics import FAULT_KINDS
 
@@ -35,6 +37,7 @@ IntervalOpt = Annotated[
 
 server_app = typer.Typer(help="The head node: run it, or prepare its TLS certificates.", no_args_is_help=False)
 app.add_typer(server_app, name="server")
+add_server_commands(server_app)  # backup, restore, check-upgrade (gpufleet.ops)
 
 
 @server_app.callback(invoke_without_command=True)
@@ -53,6 +56,10 @@ def server(
         str | None,
         typer.Option(help="access log: - (stderr), a file, or off (env GPUFLEET_ACCESS_LOG)"),
     ] = None,
+    check_upgrade_only: Annotated[
+        bool,
+        typer.Option("--check-upgrade", help="say which migrations a start would run; change nothing (exit 1: some)"),
+    ] = False,
 ) -> None:
     """Run the head node: API, agent channels, liveness. HTTPS once `gpufleet server init` has run."""
     if ctx.invoked_subcommand is not None:
@@ -60,6 +67,8 @@ def server(
     settings = state(ctx).settings(
         data_dir=data_dir, listen=listen, workers=workers, agent_listen=agent_listen, access_log=access_log
     )
+    if check_upgrade_only:
+        check_upgrade(settings)  # exits with its outcome (gpufleet.ops.commands)
     logs.configure(settings.log_level)
     from gpufleet.api.server import run
 

@@ -44,12 +44,18 @@ def alembic_config(engine: Engine | None = None) -> Config:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring the schema to `revision`. On PostgreSQL, replicas starting together take turns."""
+    """Bring the schema to `revision`. On PostgreSQL, replicas starting together take turns.
+
+    Raises status.SchemaTooNew, changing nothing, when a later gpufleet migrated the database.
+    """
+    from gpufleet.migrations.status import refuse_newer
+
     config = alembic_config(engine)
     if engine.dialect.name == "postgresql":
         with engine.connect() as conn:
             conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATION_LOCK})
             try:
+                refuse_newer(conn)
                 config.attributes["connection"] = conn
                 command.upgrade(config, revision)
                 conn.commit()
@@ -57,4 +63,6 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATION_LOCK})
                 conn.commit()
         return
+    with engine.connect() as conn:
+        refuse_newer(conn)
     command.upgrade(config, revision)
