@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from gpufleet.cli import units
 from gpufleet.cli.app import app
 from gpufleet.cli.output import Format, OutputOpt, print_json, table
 from gpufleet.cli.state import state
@@ -103,7 +104,13 @@ def server_init(
 app.command("doctor")(doctor)
 
 
-@app.command("agent")
+agent_app = typer.Typer(help="The node agent: run it, or install its systemd unit.", no_args_is_help=False)
+app.add_typer(agent_app, name="agent")
+agent_app.command("install-unit")(units.agent_install_unit)  # gpufleet.cli.units
+server_app.command("install-unit")(units.server_install_unit)
+
+
+@agent_app.callback(invoke_without_command=True)
 def agent(
     ctx: typer.Context,
     server: ServerOpt = None,
@@ -113,6 +120,8 @@ def agent(
     heartbeat_interval: IntervalOpt = None,
 ) -> None:
     """Run the node agent: join with a join token once, then heartbeat and report inventory."""
+    if ctx.invoked_subcommand is not None:  # install-unit
+        return
     settings = state(ctx).settings(server=server, agent_state_dir=state_dir)
     logs.configure(settings.log_level)
     from gpufleet.agent.main import run_agent
