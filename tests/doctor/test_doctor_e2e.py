@@ -89,8 +89,9 @@ def _head_env(head: Head) -> dict[str, str]:
 
 def test_a_clean_node_passes(head: Head, tmp_path: Path) -> None:
     state, units = _node(tmp_path, head)
+    no_head = ("--data-dir", str(tmp_path / "no-head"))  # whatever this machine's /var/lib/gpufleet holds
     rc, answer, found = doctor(
-        tmp_path, "--state-dir", str(state), "--unit-dir", str(units), "--no-expect-gpus", *ROOMY
+        tmp_path, "--state-dir", str(state), "--unit-dir", str(units), "--no-expect-gpus", *no_head, *ROOMY
     )
     assert rc == 0, answer
     assert answer["role"] == "node"  # told by the credential and the agent's unit
@@ -127,7 +128,16 @@ def test_a_clean_head_passes_and_prints_a_table(head: Head, tmp_path: Path) -> N
 def test_a_wrong_clock_fails_with_the_time_sync_fix(head: Head, tmp_path: Path) -> None:
     state, units = _node(tmp_path, head)
     rc, _, found = doctor(
-        tmp_path, "--state-dir", str(state), "--unit-dir", str(units), "--no-expect-gpus", *ROOMY, fake_time="+300s"
+        tmp_path,
+        "--role",
+        "node",
+        "--state-dir",
+        str(state),
+        "--unit-dir",
+        str(units),
+        "--no-expect-gpus",
+        *ROOMY,
+        fake_time="+300s",
     )
     assert rc == 1
     assert _failed(found) == {"clock"}
