@@ -11,6 +11,7 @@ import pytest
 from gpufleet.api.pki import InitResult, init_pki
 from gpufleet.core.config import load_settings
 from gpufleet.core.errors import InvalidInput
+from gpufleet.deploy.units import AGENT_UNIT
 from gpufleet.doctor import checks, probes
 from gpufleet.doctor.checks import (
     DatabaseState,
@@ -443,7 +444,7 @@ def test_the_role_is_told_by_what_the_machine_holds(tmp_path: Path, monkeypatch:
     settings = load_settings(data_dir=tmp_path / "data", agent_state_dir=tmp_path / "agent")
     with pytest.raises(InvalidInput, match="--role head or --role node"):
         detect_role(settings, units)
-    (units / checks.AGENT_UNIT).touch()
+    (units / AGENT_UNIT).touch()
     assert detect_role(settings, units) == Role.node
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "gpufleet.db").touch()

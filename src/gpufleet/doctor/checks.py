@@ -15,9 +15,8 @@ from typing import Any
 
 from gpufleet.core import tls
 from gpufleet.core.errors import ConfigError
+from gpufleet.deploy.units import AGENT_UNIT, SERVER_UNIT  # the units `install-unit` writes
 
-SERVER_UNIT = "gpufleet-server.service"
-AGENT_UNIT = "gpufleet-agent.service"
 CLOCK_WARN_S = 2.0  # heartbeats and job times: a few seconds show in the dashboard's ages
 CLOCK_FAIL_S = 30.0  # liveness, join-token and web-session expiry, certificate validity
 CERT_WARN_DAYS = 30
@@ -398,7 +397,7 @@ def check_database(state: DatabaseState, timeout_s: float) -> Finding:
             Status.fail,
             f"{state.url} is at revision {current}, which this gpufleet (at {expected}) does not know: "
             "a newer gpufleet migrated it",
-            "install the gpufleet version that migrated it (downgrades are not supported)",
+            "run that gpufleet release (or a later one), or restore a backup taken before the upgrade",
         )
     if state.pending:
         return Finding(

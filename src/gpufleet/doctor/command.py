@@ -17,10 +17,11 @@ from gpufleet.cli.state import state
 from gpufleet.core import tls
 from gpufleet.core.config import Settings
 from gpufleet.core.errors import ConfigError, InvalidInput
+from gpufleet.deploy.units import AGENT_UNIT, SERVER_UNIT, UNIT_DIR
 from gpufleet.doctor import checks, probes
-from gpufleet.doctor.checks import AGENT_UNIT, SERVER_UNIT, Finding, Role, Status
+from gpufleet.doctor.checks import Finding, Role, Status
 
-DEFAULT_UNIT_DIR = Path("/etc/systemd/system")
+DEFAULT_UNIT_DIR = Path(UNIT_DIR)
 CREDENTIAL_FILE = "credential.json"  # agent.credentials' file in the state directory
 PINNED_CA_FILE = "head-ca.pem"  # agent.trust.CA_FILE
 _SHOWN = {Status.ok: "[green]ok[/]", Status.warn: "[yellow]warn[/]", Status.fail: "[bold red]fail[/]"}

@@ -101,16 +101,14 @@ def read_text(path: Path) -> tuple[str | None, str | None]:
 
 def database_state(url: str, timeout_s: float) -> DatabaseState:
     """Connect to the head's database with a `timeout_s` connect timeout and read its schema revision
-    against this gpufleet's migrations. A SQLite file that does not exist is not created."""
+    against this gpufleet's migrations (`migrations.status`, what `gpufleet server --check-upgrade`
+    reports). A SQLite file that does not exist is not created."""
     try:
-        from alembic.runtime.migration import MigrationContext
-        from alembic.script import ScriptDirectory
-        from alembic.util import CommandError
         from sqlalchemy import create_engine, make_url
         from sqlalchemy.exc import ArgumentError, SQLAlchemyError
         from sqlalchemy.pool import NullPool
 
-        from gpufleet.migrations import alembic_config
+        from gpufleet.migrations.status import newest, schema_status
     except ImportError as exc:
         return DatabaseState(url="(database_url)", error=f"{exc.name} is missing: pip install 'gpufleet[server]'")
     try:
@@ -118,8 +116,7 @@ def database_state(url: str, timeout_s: float) -> DatabaseState:
     except ArgumentError:
         return DatabaseState(url="(database_url)", error="database_url is not a valid SQLAlchemy URL")
     shown = parsed.render_as_string(hide_password=True)
-    script = ScriptDirectory.from_config(alembic_config())
-    expected = tuple(script.get_heads())
+    expected = (newest(),)
     connect_args: dict[str, Any] = {}
     backend = parsed.get_backend_name()
     if backend == "sqlite":
@@ -131,7 +128,7 @@ def database_state(url: str, timeout_s: float) -> DatabaseState:
     engine = create_engine(parsed, poolclass=NullPool, connect_args=connect_args)
     try:
         with engine.connect() as conn:
-            current = tuple(MigrationContext.configure(conn).get_current_heads())
+            status = schema_status(conn)
     except (SQLAlchemyError, OSError) as exc:
         cause = getattr(exc, "orig", None) or exc
         return DatabaseState(url=shown, error=_reason(cause), expected=expected)
@@ -139,15 +136,14 @@ def database_state(url: str, timeout_s: float) -> DatabaseState:
         return DatabaseState(url=shown, error=f"{exc.name} is missing", expected=expected)
     finally:
         engine.dispose()
-    known = {rev.revision for rev in script.walk_revisions()}
-    unknown = tuple(rev for rev in current if rev not in known)
-    pending = 0
-    if current and not unknown:
-        try:
-            pending = sum(1 for _ in script.iterate_revisions(expected, current))
-        except CommandError:  # current lies on no path to the heads
-            unknown = current
-    return DatabaseState(url=shown, current=current, expected=expected, pending=pending, unknown=unknown)
+    current = (status.current,) if status.current is not None else ()
+    return DatabaseState(
+        url=shown,
+        current=current,
+        expected=expected,
+        pending=0 if status.newer else len(status.pending),
+        unknown=current if status.newer else (),
+    )
 
 
 def nvml_state(pci_root: Path = PCI_DEVICES) -> NvmlState:
