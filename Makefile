@@ -11,7 +11,7 @@ WORKERS ?= 2
 VENDOR       := src/gpufleet/web/static/vendor
 VENDOR_STAMP := $(VENDOR)/.stamp
 
-.PHONY: demo test lint typecheck contracts pytest docs venv assets clean screenshots dist
+.PHONY: demo test lint typecheck contracts pytest docs venv assets clean screenshots dist smoke
 
 demo: $(STAMP) $(VENDOR_STAMP)
 	$(BIN)/gpufleet demo
@@ -59,6 +59,11 @@ docs: $(STAMP)
 # The wheel, the sdist and the agent's zipapp in dist/ (scripts/dist.sh; docs/install.md).
 dist: $(STAMP) $(VENDOR_STAMP)
 	PYTHON=$(BIN)/python bash scripts/dist.sh dist
+
+# The wheel, the agent zipapp and the head's image (Containerfile) installed and started from scratch, as CI does
+# (scripts/smoke_packages.sh: needs podman and, for the image's base, debootstrap; about 4 minutes).
+smoke: $(STAMP) $(VENDOR_STAMP)
+	PYTHON=$(BIN)/python bash scripts/smoke_packages.sh
 
 clean:
 	rm -rf build dist site node_modules $(VENDOR) .pytest_cache .mypy_cache .ruff_cache
