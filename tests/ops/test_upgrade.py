@@ -392,8 +392,9 @@ def test_the_old_release_s_own_migrations_upgrade_too(old_engine: Engine, tmp_pa
 
 
 def _cli(*args: str) -> Any:
+    import gpufleet.entry  # noqa: F401  (adds `server` and its commands to the CLI's app)
+    from gpufleet.cli.app import app
     from gpufleet.cli.state import CliState
-    from gpufleet.entry import app
 
     return CliRunner().invoke(app, list(args), obj=CliState())
 
