@@ -226,7 +226,12 @@ def test_a_backup_from_a_newer_schema_is_refused(head_state: Settings, tmp_path:
 
 @pytest.mark.one_database
 def test_a_dry_run_checks_everything_and_writes_nothing(head_state: Settings, tmp_path: Path) -> None:
-    archive = backup(head_state, tmp_path.parent / f"{tmp_path.name}-e.tar.gz").path
+    backups = tmp_path.parent / f"{tmp_path.name}-backups"
+    backups.mkdir()
+    archive = backup(head_state, backups).path  # a directory: a new file named by host and time in it
+    assert archive.parent == backups
+    assert archive.name.startswith("gpufleet-backup-")
+    assert archive.name.endswith("Z.tar.gz")
     target = _settings(tmp_path / "restored", None)
     result = restore(target, archive, dry_run=True)
     assert result.dry_run

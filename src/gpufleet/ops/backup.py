@@ -83,13 +83,16 @@ def sqlite_path(url: str) -> Path:
 
 
 def backup(settings: Settings, out: Path, now: dt.datetime | None = None) -> BackupResult:
-    """Write the head's backup to `out` (replaced atomically if it exists), mode 0600.
+    """Write the head's backup to `out` (replaced atomically if it exists; a directory: a new file named
+    by `default_name` in it), mode 0600.
 
     Raises NotFound when there is no gpufleet database to back up, Unavailable when PostgreSQL or
     pg_dump cannot be reached, ConfigError when `out` cannot be written.
     """
     now = now or dt.datetime.now(dt.UTC)
     out = out.expanduser().absolute()
+    if out.is_dir():
+        out = out / default_name(now)
     if not out.parent.is_dir():
         raise ConfigError(f"cannot write the backup: {out.parent} is not a directory")
     url = settings.effective_database_url
@@ -102,14 +105,14 @@ def backup(settings: Settings, out: Path, now: dt.datetime | None = None) -> Bac
         else:
             database, revision = _postgres_dump(url, staging / "gpufleet.pgdump")
         members = [_file_member(DATABASE_MEMBERS[kind], database, 0o600)]
-        files, not_included = _collect(settings, sqlite_path(url) if kind == "sqlite" else None)
+        files, not_included = _collect(settings, sqlite_path(url) if kind == "sqlite" else None, out)
         members += files
         manifest = Manifest(
             gpufleet_version=__version__,
             alembic_revision=revision,
             created_at=now.astimezone(dt.UTC).isoformat(timespec="seconds"),
             database="sqlite" if kind == "sqlite" else "postgresql",
-            source_host=socket.getfqdn(),
+            source_host=socket.gethostname(),  # not getfqdn: a slow resolver would hold the backup
             source_data_dir=str(settings.data_dir.absolute()),
             entries=tuple(m.entry for m in members),
             not_included=tuple(not_included),
@@ -206,9 +209,10 @@ def _under(path: Path, root: Path) -> bool:
     return path.resolve().is_relative_to(root.resolve())
 
 
-def _collect(settings: Settings, database: Path | None) -> tuple[list[_Member], list[str]]:
+def _collect(settings: Settings, database: Path | None, out: Path) -> tuple[list[_Member], list[str]]:
     """The data directory's parts a head needs, and the settings' files outside them; also what lies
-    in the data directory and is left out (software images, Ansible runs, logs)."""
+    in the data directory and is left out (software images, Ansible runs, logs; not the archive being
+    written, should it be written there)."""
     data_dir = settings.data_dir.absolute()
     members: list[_Member] = []
     covered: list[Path] = []
@@ -238,14 +242,22 @@ def _collect(settings: Settings, database: Path | None) -> tuple[list[_Member], 
             continue
         mode = stat.S_IMODE(configured_path.stat().st_mode)
         members.append(_bytes_member(SETTINGS_PREFIX + name, configured_path.read_bytes(), mode))
-    if data_dir.is_dir():
-        skip = {p.resolve() for p in covered}
-        if database is not None:
-            skip |= {Path(f"{database}{suffix}").resolve() for suffix in ("", "-wal", "-shm", "-journal")}
-        for child in sorted(data_dir.iterdir()):
-            if child.resolve() not in skip and not any(s.is_relative_to(child.resolve()) for s in skip):
-                not_included.append(str(child))
-    return members, not_included
+    if database is not None:
+        covered += [Path(f"{database}{suffix}").resolve() for suffix in ("", "-wal", "-shm", "-journal")]
+    return members, not_included + _left_out(data_dir, covered, out)
+
+
+def _left_out(data_dir: Path, covered: list[Path], out: Path) -> list[str]:
+    """What else lies at the top of the data directory (not the archive being written there, if it is)."""
+    if not data_dir.is_dir():
+        return []
+    left = []
+    for child in sorted(data_dir.iterdir()):
+        if child.name == out.name or child.name.startswith(f".{out.name}."):
+            continue
+        if child.resolve() not in covered and not any(c.is_relative_to(child.resolve()) for c in covered):
+            left.append(str(child))
+    return left
 
 
 def _tree(root: Path, data_dir: Path) -> list[_Member]:

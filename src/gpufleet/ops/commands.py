@@ -33,7 +33,10 @@ def server_backup(
     data_dir: DataDirOpt = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="the archive to write (default: ./gpufleet-backup-HOST-TIME.tar.gz)"),
+        typer.Option(
+            "--out",
+            help="the archive to write, or a directory for a new one (default: ./gpufleet-backup-HOST-TIME.tar.gz)",
+        ),
     ] = None,
     output: Format = OutputOpt,
 ) -> None:
