@@ -560,6 +560,14 @@ class HeadClient:
         result: dict[str, Any] = self._call("POST", "/api/v1/ansible/runs", json=spec)
         return result
 
+    def agent_deploy_plan(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/agent-deploys/plans", json=spec)
+        return result
+
+    def agent_deploy(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/v1/agent-deploys", json=spec)
+        return result
+
     # -- software images and image sync (tasks) --------------------------------------------------------
     def list_images(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._call("GET", "/api/v1/images")

@@ -403,10 +403,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.one_database
-def test_check_upgrade_says_what_will_run_and_changes_nothing(
-    old_engine: Engine, tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_check_upgrade_says_what_will_run_and_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUFLEET_CLIENT_CONFIG", str(tmp_path / "none.toml"))
     data_dir = tmp_path / "head"
     fresh = _cli("server", "--check-upgrade", "--data-dir", str(data_dir))

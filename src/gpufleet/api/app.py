@@ -29,6 +29,7 @@ from gpufleet.api.hub import ChannelHub
 from gpufleet.api.limits import BodySizeLimit
 from gpufleet.api.routers import (
     agent,
+    agent_deploy,
     ansible,
     artifacts,
     audit_log,
@@ -162,6 +163,7 @@ API_ROUTERS: tuple[APIRouter, ...] = (
     assets_routes.router,
     provisioning_routes.router,
     ansible.router,
+    agent_deploy.router,
     categories.router,
     users.router,
     projects.router,

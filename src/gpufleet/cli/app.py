@@ -17,6 +17,7 @@ from gpufleet.cli import (
     categories,
     config,
     cve,
+    deploy,
     directory,
     environments,
     export,
@@ -96,6 +97,7 @@ app.add_typer(storage.app, name="storage")
 app.add_typer(mig.app, name="mig")
 app.add_typer(switches.switch_app, name="switch")
 nodes.app.command("set-mac")(provision.set_mac)
+nodes.app.command("deploy-agent")(deploy.deploy_agent)
 app.add_typer(categories.app, name="category")
 app.add_typer(environments.app, name="env")
 app.add_typer(templates.app, name="template")

@@ -134,8 +134,11 @@ def log_tail(spec: Mapping[str, Any], lines: int = 12) -> str:
 
 
 def _with_tail(message: str, spec: Mapping[str, Any]) -> str:
+    """`message: LAST LOG LINE` on one line (what a task's result shows), the log's last lines below it."""
     tail = log_tail(spec)
-    return f"{message}; its last log lines:\n{tail}" if tail else message
+    if not tail:
+        return message
+    return f"{message}: {tail.splitlines()[-1].strip()}\nits last log lines:\n{tail}"
 
 
 def stop(spec: Mapping[str, Any], grace_s: float = 15.0) -> str:

@@ -227,6 +227,9 @@ class RunRequest:
     nodes: str | None = None
     check: bool = False  # Ansible's check mode: report what would change, change nothing
     extra_vars: dict[str, Any] = field(default_factory=dict)
+    # More files for the playbook, by path under its directory (the agent rollout's units and settings):
+    # written 0600 with the run, never recorded with the task (they may hold a join token).
+    files: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -374,7 +377,13 @@ def _failure_of(event: Mapping[str, Any]) -> tuple[str, str] | None:
     if kind not in ("runner_on_failed", "runner_on_unreachable") or data.get("ignore_errors"):
         return None
     res = data.get("res") or {}
-    message = str(res.get("msg") or res.get("stderr") or res.get("reason") or "").strip().splitlines()
+    items = [r for r in res.get("results") or () if isinstance(r, dict) and (r.get("failed") or r.get("unreachable"))]
+    if items:  # a loop: its first failed item says why ("One or more items failed" does not)
+        res = items[0]
+    said = res.get("msg")
+    if said == "non-zero return code" and res.get("stderr"):  # a command: its own words on stderr
+        said = res["stderr"]
+    message = str(said or res.get("stderr") or res.get("reason") or "").strip().splitlines()
     what = "unreachable" if kind == "runner_on_unreachable" else f"task {data.get('task') or '?'!r} failed"
     text = f"{what}: {message[0][:300]}" if message else what
     return str(data.get("host")), text
@@ -423,6 +432,8 @@ def work(plan: RunPlan, settings: RunnerSettings) -> Callable[[TaskContext], str
         for sub in ("project", "inventory", "env", "tmp"):
             (base / sub).mkdir(mode=0o700)
         (base / "project" / plan.request.name).write_text(plan.request.playbook)
+        for relative, text in plan.request.files.items():
+            _write_private(base / "project", relative, text)
         (base / "inventory" / "hosts.json").write_text(json.dumps(static_inventory(plan.inventory)))
         (base / "limit").write_text("".join(f"{h}\n" for h in plan.hosts))
         _prune(settings.runs_dir, KEEP_RUNS)
@@ -469,6 +480,17 @@ def work(plan: RunPlan, settings: RunnerSettings) -> Callable[[TaskContext], str
         return record(ctx, plan, result.status, result.rc, result.stats, failures, _stdout(base), settings.timeout_s)
 
     return run
+
+
+def _write_private(project: Path, relative: str, text: str) -> None:
+    """One of a request's `files`, readable by the head's user alone, never outside `project`."""
+    path = project / relative
+    if project.resolve() not in path.resolve().parents:
+        raise InvalidInput(f"a run's file {relative!r} lies outside its directory")
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
 
 
 def _stdout(base: Path) -> str:
