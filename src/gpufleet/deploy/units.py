@@ -36,6 +36,7 @@ from pathlib import Path
 
 from gpufleet import __version__
 from gpufleet.core.errors import Conflict, InvalidInput
+from gpufleet.protocol import messages
 
 SERVER_UNIT = "gpufleet-server.service"
 AGENT_UNIT = "gpufleet-agent.service"
@@ -57,7 +58,6 @@ SERVER_NO_RESTART = (2,)  # an invalid setting
 # Paths and words in a unit: no spaces, quotes, `%` (specifiers), `$` (variables), `\` or `;`.
 _WORD = re.compile(r"[A-Za-z0-9_./:@+,=-]+")
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
-_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _ENV_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_./:@+,=\[\]-]*")
 
@@ -88,10 +88,11 @@ def check_user(value: str) -> str:
 
 
 def check_node_name(value: str) -> str:
-    """A node name as the agent takes it. Raises InvalidInput."""
-    if not _NODE.fullmatch(value):
-        raise InvalidInput(f"node name {value[:80]!r}: a letter or digit, then letters, digits, '.', '_', '-'")
-    return value
+    """A node name as the agent takes it (protocol.messages). Raises InvalidInput."""
+    try:
+        return messages.check_node_name(value)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def zipapp_name(version: str = __version__) -> str:

@@ -44,7 +44,6 @@ CTL_NAME = "gpufleet-agent-ctl.py"
 SPEC_NAME = "agent-ctl.json"
 TOKEN_EXPIRES_S = 3600
 _ZIPAPP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.pyz")
-_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 NODE_PLACEHOLDER = "{node}"
 
 
@@ -318,8 +317,8 @@ def _root(template: str | None, node: str) -> str:
 def plan(session: Session, request: DeployRequest, default: Path, *, allow_local: bool = False) -> DeployPlan:
     """Check a rollout against the inventory and the head's files. Raises InvalidInput (a bad option,
     no zipapp) or NotFound (an unknown node). Reads only."""
-    if request.ssh_user is not None and not _USER.fullmatch(request.ssh_user):
-        raise InvalidInput(f"--ssh-user {request.ssh_user[:40]!r} is not a user name")
+    if request.ssh_user is not None:
+        units.check_user(request.ssh_user)
     if request.root and request.start is Start.systemd:
         raise InvalidInput(
             "--root writes under a directory systemd does not read: use --start detached (or none) with it"
