@@ -149,6 +149,11 @@ def test_the_token_is_minted_per_node_and_never_kept(
 ) -> None:  # fmt: skip
     with transaction(sessions, readonly=True) as s:
         deploy = agent_deploy.plan(s, agent_deploy.DeployRequest("n[1-2]", HEAD + "/"), zipapp)
+        for start, wait_s in ((agent_deploy.Start.none, 60.0), (agent_deploy.Start.detached, 0.0)):
+            request = agent_deploy.DeployRequest("n1", HEAD, start=start, wait_s=wait_s)
+            # not started, or not waited for: the join token stays in agent.env for the agent's first start
+            assert agent_deploy.plan(s, request, zipapp).run.request.extra_vars["gpufleet_wait"] is False
+    assert deploy.run.request.extra_vars["gpufleet_wait"] is True
     with transaction(sessions) as s:
         task, token = agent_deploy.create(s, clock, deploy, "token:admin#1", "sha256:" + "ab" * 32)
         task_id, params = task.id, dict(task.params)

@@ -140,14 +140,14 @@ PLAYBOOK = """\
           - --timeout
           - "{{ gpufleet_wait_s }}"
       changed_when: false
-      when: gpufleet_start != 'none'
+      when: gpufleet_wait | bool
     - name: the join token is no longer needed
       ansible.builtin.lineinfile:
         path: "{{ d.env_file }}"
         regexp: "^GPUFLEET_JOIN_TOKEN="
         state: absent
       no_log: true
-      when: gpufleet_start != 'none'
+      when: gpufleet_wait | bool
 """
 
 
@@ -164,7 +164,7 @@ class DeployRequest:
     python: str = units.DEFAULT_PYTHON  # the node's interpreter for the zipapp and the control program
     start: Start = Start.systemd
     root: str | None = None  # everything under this directory instead of /; `{node}` is the node's name
-    wait_s: float = 60.0  # how long a node's agent may take to join
+    wait_s: float = 60.0  # how long a node's agent may take to join; 0: do not wait
     token_expires_s: int = TOKEN_EXPIRES_S
 
 
@@ -347,6 +347,8 @@ def plan(session: Session, request: DeployRequest, default: Path, *, allow_local
         "gpufleet_python": request.python,
         "gpufleet_zipapp": str(zipapp),
         "gpufleet_wait_s": f"{request.wait_s:g}",
+        # no wait with --start none or --wait 0: then the join token stays until the agent is started
+        "gpufleet_wait": request.start is not Start.none and request.wait_s > 0,
     }
     if request.ssh_user is not None:
         extra_vars["ansible_user"] = request.ssh_user
