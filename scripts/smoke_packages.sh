@@ -76,8 +76,9 @@ wait_for 60 "smoke-node-1 (the zipapp agent) up on the wheel's head" node_up "$g
 echo "smoke-node-1 is up"
 
 step "the OCI image: build, start on an empty volume, HTTPS, migrations on the volume, an agent, a restart"
-command -v podman >/dev/null || fail "podman is not installed (scripts/services/containers.sh install)"
-if [ -f /tmp/gpufleet-test-containers/env ]; then set -a; . /tmp/gpufleet-test-containers/env; set +a; fi
+# podman with the tests' private storage and runc configuration (containers.sh: this sandbox's cgroups need it)
+state=$(bash scripts/services/containers.sh image | tail -1) || fail "podman (scripts/services/containers.sh image)"
+set -a; . "$state/env"; set +a
 base=${GPUFLEET_SMOKE_BASE:-localhost/gpufleet/bookworm-python:smoke}
 if [ -z "${GPUFLEET_SMOKE_BASE:-}" ] && ! podman image exists "$base"; then
   command -v debootstrap >/dev/null || fail "debootstrap is not installed (scripts/services/images.sh install)"
