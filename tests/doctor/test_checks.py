@@ -12,7 +12,7 @@ from gpufleet.api.pki import InitResult, init_pki
 from gpufleet.core.config import load_settings
 from gpufleet.core.errors import InvalidInput
 from gpufleet.deploy.units import AGENT_UNIT
-from gpufleet.doctor import checks, probes
+from gpufleet.doctor import checks, probes, tls_checks
 from gpufleet.doctor.checks import (
     DatabaseState,
     DiskState,
@@ -125,19 +125,19 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[InitResult, InitResul
 
 def test_plain_http_to_a_node_is_judged_by_the_plain_http_rule(tmp_path: Path) -> None:
     pinned = tmp_path / "head-ca.pem"
-    loopback = checks.check_node_trust("http://127.0.0.1:8080", False, None, pinned, None, None, "x")
+    loopback = tls_checks.check_node_trust("http://127.0.0.1:8080", False, None, pinned, None, None, "x")
     assert loopback.status == Status.ok
-    remote = checks.check_node_trust("http://10.0.0.1:8080", False, None, pinned, None, None, "x")
+    remote = tls_checks.check_node_trust("http://10.0.0.1:8080", False, None, pinned, None, None, "x")
     assert remote.status == Status.fail
     assert "plain HTTP" in remote.finding
-    allowed = checks.check_node_trust("http://10.0.0.1:8080", True, None, pinned, None, None, "x")
+    allowed = tls_checks.check_node_trust("http://10.0.0.1:8080", True, None, pinned, None, None, "x")
     assert allowed.status == Status.ok
 
 
 def test_the_pinned_ca_is_the_served_one(pki: tuple[InitResult, InitResult], tmp_path: Path) -> None:
     a, _ = pki
     pem = a.files.ca_cert.read_text()
-    finding = checks.check_node_trust(URL, False, pem, tmp_path / "head-ca.pem", pem, None, "x")
+    finding = tls_checks.check_node_trust(URL, False, pem, tmp_path / "head-ca.pem", pem, None, "x")
     assert finding.status == Status.ok
     assert a.ca_fingerprint in finding.finding
 
@@ -145,7 +145,7 @@ def test_the_pinned_ca_is_the_served_one(pki: tuple[InitResult, InitResult], tmp
 def test_a_ca_mismatch_fails_with_both_fingerprints(pki: tuple[InitResult, InitResult], tmp_path: Path) -> None:
     a, b = pki
     pinned = tmp_path / "head-ca.pem"
-    finding = checks.check_node_trust(
+    finding = tls_checks.check_node_trust(
         URL, False, a.files.ca_cert.read_text(), pinned, b.files.ca_cert.read_text(), None, "x"
     )
     assert finding.status == Status.fail
@@ -158,16 +158,16 @@ def test_a_ca_mismatch_fails_with_both_fingerprints(pki: tuple[InitResult, InitR
 def test_a_pin_with_no_served_ca_or_garbage_fails(pki: tuple[InitResult, InitResult], tmp_path: Path) -> None:
     pem = pki[0].files.ca_cert.read_text()
     pinned = tmp_path / "head-ca.pem"
-    assert "serves no CA" in checks.check_node_trust(URL, False, pem, pinned, None, None, "x").finding
-    assert "not a PEM" in checks.check_node_trust(URL, False, pem, pinned, "junk", None, "x").finding
-    assert "not a PEM" in checks.check_node_trust(URL, False, "junk", pinned, pem, None, "x").finding
+    assert "serves no CA" in tls_checks.check_node_trust(URL, False, pem, pinned, None, None, "x").finding
+    assert "not a PEM" in tls_checks.check_node_trust(URL, False, pem, pinned, "junk", None, "x").finding
+    assert "not a PEM" in tls_checks.check_node_trust(URL, False, "junk", pinned, pem, None, "x").finding
 
 
 def test_without_a_pin_the_head_must_verify(tmp_path: Path) -> None:
     pinned = tmp_path / "head-ca.pem"
-    good = checks.check_node_trust(URL, False, None, pinned, None, None, "the system's CAs")
+    good = tls_checks.check_node_trust(URL, False, None, pinned, None, None, "the system's CAs")
     assert good.status == Status.ok
-    bad = checks.check_node_trust(URL, False, None, pinned, None, "CERTIFICATE_VERIFY_FAILED", "the system's CAs")
+    bad = tls_checks.check_node_trust(URL, False, None, pinned, None, "CERTIFICATE_VERIFY_FAILED", "the system's CAs")
     assert bad.status == Status.fail
     assert "CERTIFICATE_VERIFY_FAILED" in bad.finding
     assert "ca_file" in bad.fix
@@ -179,7 +179,7 @@ def _files(result: InitResult) -> tuple[Path, Path, Path]:
 
 def test_a_fresh_server_certificate_is_ok(pki: tuple[InitResult, InitResult]) -> None:
     a, _ = pki
-    finding = checks.check_head_tls(_files(a), True, dt.datetime.now(dt.UTC), a.files.ca_cert.read_text())
+    finding = tls_checks.check_head_tls(_files(a), True, dt.datetime.now(dt.UTC), a.files.ca_cert.read_text())
     assert finding.status == Status.ok, finding
     assert a.ca_fingerprint in finding.finding
 
@@ -189,15 +189,15 @@ def test_a_certificate_near_or_past_its_end(pki: tuple[InitResult, InitResult]) 
 
     a, _ = pki
     until = x509.load_pem_x509_certificate(a.files.cert.read_bytes()).not_valid_after_utc
-    soon = checks.check_head_tls(_files(a), True, until - dt.timedelta(days=10), None)
+    soon = tls_checks.check_head_tls(_files(a), True, until - dt.timedelta(days=10), None)
     assert soon.status == Status.warn
     assert "in 10 days" in soon.finding
     assert "gpufleet server init --reissue" in soon.fix
-    gone = checks.check_head_tls(_files(a), False, until + dt.timedelta(days=1), None)
+    gone = tls_checks.check_head_tls(_files(a), False, until + dt.timedelta(days=1), None)
     assert gone.status == Status.fail
     assert "expired" in gone.finding
     assert f"renew {a.files.cert}" in gone.fix
-    early = checks.check_head_tls(_files(a), True, dt.datetime(2000, 1, 1, tzinfo=dt.UTC), None)
+    early = tls_checks.check_head_tls(_files(a), True, dt.datetime(2000, 1, 1, tzinfo=dt.UTC), None)
     assert early.status == Status.fail
     assert "valid only from" in early.finding
 
@@ -205,17 +205,17 @@ def test_a_certificate_near_or_past_its_end(pki: tuple[InitResult, InitResult]) 
 def test_a_certificate_another_ca_signed_or_the_wrong_key(pki: tuple[InitResult, InitResult]) -> None:
     a, b = pki
     now = dt.datetime.now(dt.UTC)
-    other_ca = checks.check_head_tls((a.files.cert, a.files.key, b.files.ca_cert), True, now, None)
+    other_ca = tls_checks.check_head_tls((a.files.cert, a.files.key, b.files.ca_cert), True, now, None)
     assert other_ca.status == Status.fail
     assert "is not signed by the CA" in other_ca.finding
-    wrong_key = checks.check_head_tls((a.files.cert, b.files.key, a.files.ca_cert), True, now, None)
+    wrong_key = tls_checks.check_head_tls((a.files.cert, b.files.key, a.files.ca_cert), True, now, None)
     assert wrong_key.status == Status.fail
     assert "is not the key of" in wrong_key.finding
 
 
 def test_a_head_serving_another_ca_than_its_files_must_restart(pki: tuple[InitResult, InitResult]) -> None:
     a, b = pki
-    finding = checks.check_head_tls(_files(a), True, dt.datetime.now(dt.UTC), b.files.ca_cert.read_text())
+    finding = tls_checks.check_head_tls(_files(a), True, dt.datetime.now(dt.UTC), b.files.ca_cert.read_text())
     assert finding.status == Status.fail
     assert b.ca_fingerprint in finding.finding
     assert a.ca_fingerprint in finding.finding
@@ -223,12 +223,12 @@ def test_a_head_serving_another_ca_than_its_files_must_restart(pki: tuple[InitRe
 
 
 def test_head_tls_without_certificates(tmp_path: Path) -> None:
-    plain = checks.check_head_tls(None, True, NOW, None)
+    plain = tls_checks.check_head_tls(None, True, NOW, None)
     assert plain.status == Status.warn
     assert "gpufleet server init" in plain.fix
-    half = checks.check_head_tls(None, True, NOW, None, error="set both tls_cert and tls_key, or neither")
+    half = tls_checks.check_head_tls(None, True, NOW, None, error="set both tls_cert and tls_key, or neither")
     assert half.status == Status.fail
-    missing = checks.check_head_tls((tmp_path / "c.pem", tmp_path / "k.pem", None), True, NOW, None)
+    missing = tls_checks.check_head_tls((tmp_path / "c.pem", tmp_path / "k.pem", None), True, NOW, None)
     assert missing.status == Status.fail
     assert "cannot read" in missing.finding
 

@@ -18,7 +18,7 @@ from gpufleet.core import tls
 from gpufleet.core.config import Settings
 from gpufleet.core.errors import ConfigError, InvalidInput
 from gpufleet.deploy.units import AGENT_UNIT, SERVER_UNIT, UNIT_DIR
-from gpufleet.doctor import checks, probes
+from gpufleet.doctor import checks, probes, tls_checks
 from gpufleet.doctor.checks import Finding, Role, Status
 
 DEFAULT_UNIT_DIR = Path(UNIT_DIR)
@@ -188,7 +188,7 @@ def _node_trust(settings: Settings, url: str, timeout_s: float) -> Finding:
             verify_error = str(exc)
         else:
             verify_error = probes.verify_error(url, context, timeout_s)
-    return checks.check_node_trust(
+    return tls_checks.check_node_trust(
         url,
         settings.insecure_http,
         pinned,
@@ -203,9 +203,9 @@ def _head_tls(settings: Settings, url: str, answered: bool, timeout_s: float) ->
     try:
         files = settings.effective_tls()
     except ConfigError as exc:
-        return checks.check_head_tls(None, False, dt.datetime.now(dt.UTC), None, str(exc))
+        return tls_checks.check_head_tls(None, False, dt.datetime.now(dt.UTC), None, str(exc))
     served = probes.served_ca(url, timeout_s) if answered else None
-    return checks.check_head_tls(files, settings.tls_cert is None, dt.datetime.now(dt.UTC), served)
+    return tls_checks.check_head_tls(files, settings.tls_cert is None, dt.datetime.now(dt.UTC), served)
 
 
 def _unit(role: Role, unit_dir: Path, timeout_s: float) -> Finding:
