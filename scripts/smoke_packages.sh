@@ -49,7 +49,7 @@ version=$(basename "$wheel" | cut -d- -f2)
 
 step "the wheel in a new venv: head, dashboard assets, CLI"
 python3 -m venv "$work/head-venv"
-"$work/head-venv/bin/pip" install --quiet "$wheel[server]" || fail "pip install the wheel with [server]"
+"$work/head-venv/bin/pip" install --quiet "$wheel[server]" >"$work/pip-server.log" 2>&1 || fail "pip install the wheel with [server]"
 gpufleet=$work/head-venv/bin/gpufleet
 [ "$("$gpufleet" --version)" = "gpufleet $version" ] || fail "the installed CLI's version is not $version"
 port=$(free_port)
@@ -64,7 +64,7 @@ curl -fsS "$GPUFLEET_SERVER/login" | grep -qi "<form" || fail "the login page do
 
 step "the agent: [agent] without server packages, and the zipapp joining"
 python3 -m venv "$work/agent-venv"
-"$work/agent-venv/bin/pip" install --quiet "$wheel[agent]" || fail "pip install the wheel with [agent]"
+"$work/agent-venv/bin/pip" install --quiet "$wheel[agent]" >"$work/pip-agent.log" 2>&1 || fail "pip install the wheel with [agent]"
 for module in fastapi sqlalchemy uvicorn alembic; do
   if "$work/agent-venv/bin/python" -c "import $module" 2>/dev/null; then fail "[agent] installed $module"; fi
 done
