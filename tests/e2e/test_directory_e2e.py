@@ -11,12 +11,14 @@ The same behaviour under the TestClient, with a directory made in the test, is t
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
+import time
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +28,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from joserfc import jwt
+from joserfc.jwk import RSAKey
 
 from gpufleet.agent.accounts import AccountSync
 from gpufleet.agent.credentials import CredentialStore
@@ -33,12 +37,14 @@ from gpufleet.agent.daemon import Agent, AgentOptions
 from gpufleet.agent.gpu.nvml import NvmlReader
 from gpufleet.agent.inventory import inventory_source
 from gpufleet.agent.passwd import read_local_accounts
+from gpufleet.cli.sso_device import device_login
 from gpufleet.client import AgentHttp
+from gpufleet.directory.oidc import OidcClient
 from gpufleet.sim.host import simulated_host
 from gpufleet.sim.nvml import SimulatedNvml
 from tests.agent.test_accounts import make_root, need_account_tools
 from tests.directory.conftest import SCRIPT, LdapEdits, LdapServer
-from tests.directory.oidc_fixtures import OidcProvider, start_oidc_provider, stop_oidc_provider
+from tests.directory.oidc_fixtures import REDIRECT_URIS, OidcProvider, start_oidc_provider, stop_oidc_provider
 from tests.e2e.conftest import ADMIN, GPUFLEET, Head, base_env, free_port, wait_for
 from tests.services import install_tools, need
 
@@ -399,11 +405,13 @@ class Sso:
 
 
 @pytest.fixture
-def sso(tmp_path: Path) -> Iterator[Sso]:
+def sso(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sso]:
     """A provider of the test's own and a head signing on through it (gpufleet's own passwords otherwise),
-    with projects vision and nlp; ml-nlp maps to operator, so bob's role is his groups'."""
+    with projects vision and nlp; ml-nlp maps to operator, so bob's role is his groups'. An indirect
+    parameter (ID token lifetime, the head's oidc_leeway_s) replaces the defaults (300 s, 60 s)."""
+    ttl_s, leeway_s = getattr(request, "param", (300, 60))
     run_dir, port = tmp_path / "oidc", free_port()
-    provider, why = start_oidc_provider(run_dir, port)
+    provider, why = start_oidc_provider(run_dir, port, id_token_ttl_s=ttl_s)
     if provider is None:
         need("oidc provider", why)
     assert provider is not None
@@ -419,6 +427,7 @@ def sso(tmp_path: Path) -> Iterator[Sso]:
             "GPUFLEET_OIDC_GROUP_ROLES": json.dumps({"gpu-admins": "admin", "ml-nlp": "operator"}),
             "GPUFLEET_OIDC_GROUP_PROJECTS": json.dumps(GROUP_PROJECTS),
             "GPUFLEET_OIDC_DEFAULT_ROLE": "viewer",
+            "GPUFLEET_OIDC_LEEWAY_S": str(leeway_s),
         }
         h = Head(tmp_path, env=env).start()
         try:
@@ -470,3 +479,80 @@ def test_login_sso_signs_the_cli_in_through_the_provider_with_the_groups_role(ss
     assert sso.head.api("GET", "/api/v1/users/bob")["source"] == "oidc"
     assert "bob" in members(sso.head, "vision")
     assert "bob" in members(sso.head, "nlp")
+
+
+# -- ID tokens the head refuses ----------------------------------------------------------------------------------
+
+SHORT_TTL_S = 10  # the provider's ID token lifetime in the test below; the head allows no clock skew there
+
+
+def _claims(token: str) -> dict[str, Any]:
+    payload = token.split(".")[1]
+    claims: dict[str, Any] = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return claims
+
+
+def _resigned(token: str, key: RSAKey) -> str:
+    """The token's own key id and claims, signed with `key` instead of the provider's key."""
+    header = token.split(".", maxsplit=1)[0]
+    kid = json.loads(base64.urlsafe_b64decode(header + "=" * (-len(header) % 4))).get("kid", "k")
+    return jwt.encode({"alg": "RS256", "kid": kid}, _claims(token), key)
+
+
+def _web_id_token(provider: OidcProvider, username: str) -> str:
+    """A real ID token of the provider for the dashboard's client (audience gpufleet-web): the code flow with
+    PKCE, the person's part done over plain HTTP, the code traded with the client's secret."""
+    redirect_uri = REDIRECT_URIS[0]
+    client = OidcClient(provider.config())
+    try:
+        start = client.begin_login(redirect_uri)
+        token_endpoint = client.token_endpoint()
+    finally:
+        client.close()
+    code = parse_qs(urlsplit(provider.browser_login(start.url, username)).query)["code"][0]
+    answer = httpx.post(
+        token_endpoint,
+        data={
+            "grant_type": "authorization_code",
+            "code": code,
+            "redirect_uri": redirect_uri,
+            "code_verifier": start.code_verifier,
+        },
+        auth=(provider.web_client_id, provider.web_client_secret),
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    token: str = answer.json()["id_token"]
+    return token
+
+
+def _sso_login(head: Head, id_token: str) -> httpx.Response:
+    return httpx.post(head.url + "/api/v1/login/sso", json={"id_token": id_token}, timeout=30)
+
+
+@pytest.mark.oidc
+@pytest.mark.parametrize("sso", [(SHORT_TTL_S, 0)], indirect=True, ids=["short-lived-tokens"])
+def test_the_head_refuses_id_tokens_with_a_wrong_audience_another_key_or_an_expiry_passed(sso: Sso) -> None:
+    """Real tokens of the real provider, given to the running head as `gpufleet login --sso` gives them."""
+    head, provider = sso.head, sso.provider
+    web_token = _web_id_token(provider, "carol")  # for the dashboard's client, not the CLI's
+    cli_token = device_login(
+        provider.issuer, provider.cli_client_id, lambda uri, code, complete: provider.approve_device(code, "carol")
+    )["id_token"]
+    # The CLI's token is good while it lives: the refusals below are the head's checks, nothing else.
+    accepted = _sso_login(head, cli_token)
+    assert accepted.status_code == 201, accepted.text
+    other_key = RSAKey.generate_key(2048)
+    for reason, token in {"wrong audience": web_token, "bad signature": _resigned(cli_token, other_key)}.items():
+        answer = _sso_login(head, token)
+        assert answer.status_code == 401, (reason, answer.text)
+        assert reason in answer.json()["detail"], (reason, answer.text)
+    # The same good token, once its expiry has passed by the head's clock, is refused.
+    expires = _claims(cli_token)["exp"]
+    assert expires - time.time() <= SHORT_TTL_S + 2
+    time.sleep(max(0.0, expires + 1.5 - time.time()))
+    late = _sso_login(head, cli_token)
+    assert late.status_code == 401, late.text
+    assert "expired" in late.json()["detail"]
+    records = head.api("GET", "/api/v1/audit", params={"action": "sso.sso_token"})
+    assert len([r for r in records if r["result"] == 401]) >= 3, records
