@@ -168,3 +168,37 @@ def test_metrics_and_page_name_the_mount(client: TestClient, clock: FakeClock) -
     assert 'data-node="n1" data-state="stale"' in page.text
     assert "stale on 1 of 3 nodes (n1)" in page.text
     assert 'href="/storage"' in page.text  # in the navigation
+
+
+def test_fill_over_the_threshold_fires_and_resolves_below_it_less_two_points(
+    client: TestClient, clock: FakeClock
+) -> None:
+    fleet = Fleet(client, clock)
+    watch = fleet.ctx.monitoring.judge.storage
+    fleet.round()
+    (shared,) = _storage(client)
+    used = shared["nodes"][0]["used_pct"]
+    assert 60 < used < 62  # the simulated export: 60 % of its blocks used, 5 % reserved (df's Use%)
+    assert "full" not in shared["verdict"]
+
+    def full() -> set[str]:
+        with transaction(fleet.ctx.sessions, readonly=True) as s:
+            return {a.node_name for a in alerts.list_alerts(s, status="firing") if a.rule == "StorageAlmostFull"}
+
+    assert full() == set()
+    watch.fill_pct = 60.0  # storage_fill_alert_pct
+    fleet.round()
+    assert full() == set(NODES)
+    (shared,) = _storage(client)
+    assert shared["status"] == "ok"  # full is said, not a state of the mount
+    assert shared["verdict"] == f"ok on all 3 node(s); {shared['used_pct']:.0f} % full"
+    with transaction(fleet.ctx.sessions, readonly=True) as s:
+        (alert,) = [a for a in alerts.list_alerts(s, status="firing") if a.node_name == "n1"]
+    assert alert.summary == f"/shared (nfs4 from storage01:/export/shared) is {used:.0f} % full"
+    assert alert.labels.get("entity") == "fs:/shared"
+    watch.fill_pct = 62.0  # above the fill now, but not by 2 points: still firing
+    fleet.round()
+    assert full() == set(NODES)
+    watch.fill_pct = 64.0
+    fleet.round()
+    assert full() == set()

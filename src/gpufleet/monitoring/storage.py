@@ -143,11 +143,11 @@ def judge(fs: FileSystem, fill_pct: float) -> None:
             parts.append(f"slow on {len(slow)} of {answering} nodes ({_names(slow)}): those nodes or their path")
         if fs.status == "ok":
             fs.status = "slow"
+    if not parts:
+        parts.append(f"ok on all {total} node(s)")
     fill = fs.used_pct
     if fill is not None and fill >= fill_pct:
         parts.append(f"{fill:.0f} % full")
-    if not parts:
-        parts.append(f"ok on all {total} node(s)")
     fs.verdict = "; ".join(parts)
 
 

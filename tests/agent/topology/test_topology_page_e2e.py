@@ -201,6 +201,18 @@ def test_the_node_and_switch_pages_say_which_node_port_is_on_which_switch_port(
         assert "gpu002 eth0" in shown["swp2"][2]
         assert "gpu001 eth1" in shown["swp3"][2]
         assert 'href="/nodes/gpu001"' in switch_page.text
+        # And the state of the node behind each port, in the API and as the page's last column.
+        node_states = {
+            p["name"]: (p["node_state"], p["node_health"])
+            for p in head.api("GET", "/api/v1/switches/leaf01")["ports"]
+            if p["name"] in SWITCH_PORTS
+        }
+        assert {name: state for name, (state, _health) in node_states.items()} == dict.fromkeys(SWITCH_PORTS, "up")
+        for port, _state, _node, row in rows:
+            if port in SWITCH_PORTS:
+                state, health = node_states[port]
+                last_cell = text(re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[-1])
+                assert last_cell == (state if health in (None, "unknown") else f"{state}, {health}")
         web.close()
     finally:
         for agent in agents:
