@@ -88,8 +88,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     )
     try:
         wait_for(lambda: any(n["state"] == "up" for n in head.nodes()), 60)
-        if RUN_AS == "nobody":
-            head.api("POST", "/api/v1/users", json={"username": RUN_AS})
+        head.api("POST", "/api/v1/users", json={"username": RUN_AS})  # nobody as root, else the user running the tests
         head.api("POST", "/api/v1/projects", json={"name": "ml"})
         head.api("POST", "/api/v1/projects/ml/members", json={"user": RUN_AS})
         member = _user_token(head, "carol")
