@@ -21,7 +21,7 @@ from gpufleet.cli.state import CliState
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.db import transaction
 from gpufleet.deploy import units
-from gpufleet.provisioning import agent_deploy, ansible
+from gpufleet.provisioning import agent_deploy, ansible, ansible_recap
 from gpufleet.tasks.runner import TaskContext
 from tests.conftest import cli_through
 from tests.services import require_tool
@@ -218,7 +218,8 @@ def test_a_failed_hosts_reason_is_its_own_words() -> None:
             },
         },
     }
-    assert ansible._failure_of(loop) == ("n3", "unreachable: Failed to connect to the host via ssh: Connection refused")
+    refused = "unreachable: Failed to connect to the host via ssh: Connection refused"
+    assert ansible_recap.failure_of(loop) == ("n3", refused)
     command = {
         "event": "runner_on_failed",
         "event_data": {
@@ -227,7 +228,7 @@ def test_a_failed_hosts_reason_is_its_own_words() -> None:
             "res": {"msg": "non-zero return code", "rc": 1, "stderr": "gpufleet-agent-ctl: the agent is not running\n"},
         },
     }
-    assert ansible._failure_of(command) == (
+    assert ansible_recap.failure_of(command) == (
         "n1",
         "task 'wait until the agent has joined' failed: gpufleet-agent-ctl: the agent is not running",
     )
