@@ -20,7 +20,7 @@ IMAGE=localhost/gpufleet/busybox:test
 
 install() {
   local missing=()
-  for p in podman runc catatonit bubblewrap; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  for p in podman runc catatonit bubblewrap; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done  # not "rc": removed, configuration kept
   if [ ${#missing[@]} -eq 0 ]; then return 0; fi
   if [ "$(id -u)" != 0 ]; then
     echo "containers: ${missing[*]} not installed and not root (apt-get install ${missing[*]})" >&2; return 3

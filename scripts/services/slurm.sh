@@ -58,7 +58,7 @@ wait_for() { # $1 = seconds, then a command to retry every 0.2 s
 install() {
   local missing=() pkgs=(slurmctld slurmd slurm-client munge)
   [ "$WITH_DBD" = 1 ] && pkgs+=(slurmdbd mariadb-server mariadb-client)
-  for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done  # not "rc": removed, configuration kept
   if [ ${#missing[@]} -eq 0 ]; then return 0; fi
   if [ "$(id -u)" != 0 ]; then
     echo "slurm: ${missing[*]} not installed and not root (apt-get install ${missing[*]})" >&2; return 3
