@@ -193,7 +193,7 @@ def profiles(ctx: typer.Context, output: Format = OutputOpt) -> None:
             | {
                 "threshold": ", ".join(f"{k}: {v:g}" for k, v in s["threshold"].items()) or "-",
                 "better": "at least" if s["better"] == "higher" else "at most",
-                "pairs": "yes" if s["pairs"] else "",
+                "pairs": _together(s),
             }
             for s in p["steps"]
         ]
@@ -201,10 +201,18 @@ def profiles(ctx: typer.Context, output: Format = OutputOpt) -> None:
             ("name", "Step"),
             ("kind", "Kind"),
             ("seconds", "Seconds"),
-            ("pairs", "Pairs"),
+            ("pairs", "Nodes"),
             ("better", "Value"),
             ("threshold", "Threshold by GPU model"),
         ]
         table(rows, columns, title=f"{p['name']} ({p['origin']}): {p['description']}")
     for problem in found["problems"]:
         typer.echo(f"warning: {problem}", err=True)
+
+
+def _together(step: dict[str, Any]) -> str:
+    """How many nodes a step measures together: pairs, a group of N, or blank for one node."""
+    if not step["pairs"]:
+        return ""
+    group = step.get("group") or 2  # a head from before groups says only `pairs`
+    return "pairs" if group == 2 else f"groups of {group}"

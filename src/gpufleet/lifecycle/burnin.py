@@ -10,13 +10,14 @@ drains it too) with `Node.hold = "burn-in"`, which the health loop never undoes.
 - when the job ends, the head reads the step's result line from the job's output
   (protocol.burnin) and judges it against the threshold for the node's GPU model; the first
   failing step fails the run, and its reason names the step, the value and the threshold;
-- steps over two nodes (all-reduce, network) pair nodes of one batch (the nodes started
-  together; every admission run shares one batch per profile). A pair measures its link, not one
-  node, so a failing pair says only that one of the two is weak: each is paired again with a
-  partner that passed (rotation), and a node fails the step when it failed with a known-good
-  partner or with two different partners. Runs wait for one another at a pair step (all of the
-  batch's started runs reach it before pairing) and leave it together, so a known-good partner is
-  still there to pair with.
+- steps over several nodes (all-reduce, network) measure nodes of one batch together (the nodes
+  started together; every admission run shares one batch per profile): pairs, or groups of the
+  step's `group` for an all-reduce. A pair or group measures its links, not one node, so one that
+  falls short says only that one of its nodes is weak: its nodes are measured again, a failed group
+  split in halves and a lone node with a partner that passed (lifecycle.grouping), and a node fails
+  the step when it fell short with known-good partners only, or with two sets of partners that share
+  no node. Runs wait for one another at such a step (all of the batch's started runs reach it before
+  it is placed) and leave it together, so a known-good partner is still there to be measured with.
 
 On pass, a run that holds its node releases it and, unless asked not to, resumes it. On failure the
 node stays out with `hold = "burn-in-failed"` and the reason as its drain reason. A node a
@@ -116,6 +117,7 @@ def start(
                     time_limit_s=step.time_limit_s,
                     thresholds=dict(step.threshold),
                     better=step.better,
+                    group_size=step.group if step.multi_node else 1,
                     state=PENDING,
                     evidence={},
                 )

@@ -61,7 +61,10 @@ class BurnInStep(Base):
     thresholds: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)  # per GPU model, as the profile
     state: Mapped[str] = mapped_column(String(16))
     job_id: Mapped[int | None] = mapped_column(Integer, default=None, index=True)  # the current attempt's job
-    partner: Mapped[str | None] = mapped_column(String(64), default=None)  # a pair step's other node
+    # A multi-node step's other node (in a group, the first other; the evidence lists them all).
+    partner: Mapped[str | None] = mapped_column(String(64), default=None)
+    # How many nodes a multi-node step measures together (2: pairs), as the profile said; 1 for the others.
+    group_size: Mapped[int] = mapped_column(Integer, default=2)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     value: Mapped[float | None] = mapped_column(Float, default=None)
     unit: Mapped[str] = mapped_column(String(16), default="")

@@ -1,10 +1,13 @@
-"""Pair steps (all-reduce, network): a link is measured by two nodes of one batch, and a pair that falls
-short says only that one of the two is weak. Each node of a failed pair is paired again, first with a node
-that passed the step (a known-good partner), never with one it was measured with (rotation); a node fails
-when it fell short with a partner that passed, or with two different partners.
+"""Multi-node steps (all-reduce, network): a link is measured by two or more nodes of one batch together,
+a pair by default or a group of the step's `group` nodes, and a measure that falls short says only that
+one of them is weak. lifecycle.grouping says who is measured with whom in each pass, and how a short
+measure is judged: the suspects are split and measured again (a lone one with a node that passed the step,
+a known-good partner), and a node fails when it fell short with known-good partners only, or with two sets
+of partners that share no node. With pairs this is the rule of old: each node of a failed pair is paired
+again, first with a known-good partner, never with one it was measured with (rotation).
 
-Runs of a batch wait for one another at a pair step, and those that passed stay as known-good partners,
-for PAIR_WAIT_S at most.
+Runs of a batch wait for one another at a multi-node step, and those that passed stay as known-good
+partners, for PAIR_WAIT_S at most.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from sqlalchemy.orm import Session
 
 from gpufleet.core.clock import Clock, to_datetime
 from gpufleet.jobs.models import Job
-from gpufleet.lifecycle import placement, verdicts
+from gpufleet.lifecycle import grouping, placement, verdicts
 from gpufleet.lifecycle.models import BURNIN_ACTIVE, BurnIn, BurnInStep
-from gpufleet.lifecycle.verdicts import FAILED, MAX_PAIR_ATTEMPTS, PASSED, PENDING, RETRY, RUNNING, SKIPPED, STEP_DONE
+from gpufleet.lifecycle.profiles import PAIR
+from gpufleet.lifecycle.verdicts import FAILED, PASSED, PENDING, RETRY, RUNNING, SKIPPED, STEP_DONE
 from gpufleet.protocol.burnin import MULTI_NODE_KINDS
 
 # How long nodes at a pair step wait for the runs of their batch still behind, and how long a node that
@@ -26,18 +30,23 @@ PAIR_WAIT_S = 600.0
 
 def held_by_pair(run: BurnIn, members: list[BurnIn], clock: Clock) -> bool:
     """Whether the run must stay at a pair step it is done with: some started run of its batch has yet to
-    decide that step, and may need it as a known-good partner (for PAIR_WAIT_S at most)."""
+    decide that step, and may need it as a known-good partner: for PAIR_WAIT_S at most, or for as long as
+    a weak node is being named (a suspect measured again, bounded by grouping.max_attempts)."""
     done_pairs = [s for s in run.steps if s.kind in MULTI_NODE_KINDS and s.state == PASSED]
     if not done_pairs:
         return False
     last = done_pairs[-1]
-    if last.ended_at is not None and placement.since(last.ended_at, clock) > PAIR_WAIT_S:
-        return False
+    fresh = last.ended_at is None or placement.since(last.ended_at, clock) <= PAIR_WAIT_S
     for other in members:
-        if other is run or other.state not in BURNIN_ACTIVE:
+        if other is run or other.state not in BURNIN_ACTIVE or other.started_at is None:
             continue
         theirs = next((s for s in other.steps if s.name == last.name), None)
-        if theirs is not None and theirs.state not in STEP_DONE and other.started_at is not None:
+        if theirs is None or theirs.state in STEP_DONE:
+            continue
+        # Bisecting a group of 64 takes seven rounds of the step: the halves of one node at the end need
+        # the nodes that passed at the start, whatever PAIR_WAIT_S says. A first measure of a late joiner
+        # does not: a stream of joins must not hold the first nodes for ever.
+        if fresh or theirs.state == RETRY or (theirs.state == RUNNING and theirs.attempts > 1):
             return True
     # Leaving the pair step: the next step must not start while a partner is still being measured.
     return False
@@ -100,7 +109,7 @@ def _pair_step(
     if behind and min(placement.since(placement.arrived(r, s), clock) for r, s in here) <= PAIR_WAIT_S:
         return
     if len(here) == 1:
-        run, step = here[0]
+        step = here[0][1]
         if step.state == RETRY:  # it measured short and the partner's run ended
             _no_partner_left(step, clock)
         else:
@@ -108,73 +117,59 @@ def _pair_step(
             step.ended_at = to_datetime(clock.now())
         return
     free = {
-        r.node_id: (r, s)
+        r.node: (r, s)
         for r, s in here
         if r.node_id is not None and s.state != RUNNING and placement.ready(facts[r.node_id])
     }
-    good = [(r, s) for r, s in here if s.state == PASSED]
-    waiting = [(r, s) for r, s in undecided if r.node_id in free]
-    for run, step in waiting:
-        if run.node_id not in free:
-            continue  # paired already in this pass
-        partner = _partner(run, step, good, waiting, free)
-        if partner is None:
-            if step.state == RETRY and not any(s.state == RUNNING for _, s in here):
-                _no_partner_left(step, clock)  # and nothing still measuring that could free one
-            continue
-        _start_pair(session, clock, (run, step), partner, facts, user)
-        for paired in (run, partner[0]):
-            free.pop(paired.node_id or -1, None)
+    pending = [r.node for r, s in undecided if s.state == PENDING and r.node in free]
+    suspects = [
+        grouping.Suspect(r.node, s.job_id, frozenset(s.evidence.get("partners", [])))
+        for r, s in undecided
+        if s.state == RETRY and r.node in free
+    ]
+    good = [r.node for r, s in here if s.state == PASSED and r.node in free]
+    size = max((s.group_size for _, s in undecided), default=PAIR)
+    plan = grouping.plan(pending, suspects, good, size)
+    for names in plan.groups:
+        _start_group(session, clock, [free[n] for n in names], facts, user)
+    if not any(s.state == RUNNING for _, s in here):  # nothing still measuring could free a partner
+        for node in plan.unmatched:
+            if free[node][1].state == RETRY:
+                _no_partner_left(free[node][1], clock)
 
 
-def _partner(
-    run: BurnIn,
-    step: BurnInStep,
-    good: list[tuple[BurnIn, BurnInStep]],
-    waiting: list[tuple[BurnIn, BurnInStep]],
-    free: dict[int, tuple[BurnIn, BurnInStep]],
-) -> tuple[BurnIn, BurnInStep] | None:
-    """A node that passed this step first (it tells a weak node from a weak partner), else another node
-    waiting at it; never one this node was already measured with."""
-    tried = set(step.evidence.get("partners", []))
-    for pool in (good, waiting):
-        for other in pool:
-            if other[0] is not run and other[0].node_id in free and other[0].node not in tried:
-                return other
-    return None
-
-
-def _start_pair(
+def _start_group(
     session: Session,
     clock: Clock,
-    first: tuple[BurnIn, BurnInStep],
-    second: tuple[BurnIn, BurnInStep],
+    members: list[tuple[BurnIn, BurnInStep]],
     facts: dict[int, placement.NodeFacts],
     user: str,
 ) -> None:
-    (run, step), (other_run, other_step) = first, second
-    a, b = facts[run.node_id or -1], facts[other_run.node_id or -1]
-    placement.begin(run, a, clock)
-    placement.begin(other_run, b, clock)
-    gpus = step.kind == "allreduce"  # the network step measures the hosts' links, with no GPU held
-    where = [(a, sorted(a.gpus) if gpus else []), (b, sorted(b.gpus) if gpus else [])]
-    job = placement.place_step_job(session, clock, run, step, where, user)
+    """One job over these nodes (rank order). A member that already passed is a known-good partner: it
+    keeps its verdict, and the job is the others'."""
+    nodes = [facts[run.node_id or -1] for run, _ in members]
+    for (run, _), node in zip(members, nodes, strict=True):
+        placement.begin(run, node, clock)
+    gpus = members[0][1].kind == "allreduce"  # the network step measures the hosts' links, with no GPU held
+    where = [(n, sorted(n.gpus) if gpus else []) for n in nodes]
+    job = placement.place_step_job(session, clock, members[0][0], members[0][1], where, user)
     now = to_datetime(clock.now())
-    for r, s, partner in ((run, step, other_run.node), (other_run, other_step, run.node)):
+    for run, s in members:
         if s.state == PASSED:
-            continue  # a known-good partner keeps its verdict and its own partner; the job is the other's
-        s.partner, s.state, s.job_id = partner, RUNNING, job.id
+            continue
+        # The partner shown is the first other node: for a lone node, its known-good partner.
+        s.partner = next(r.node for r, _ in members if r is not run)
+        s.state, s.job_id = RUNNING, job.id
         s.started_at = s.started_at or now
-        s.threshold = verdicts.threshold_for(s, r.gpu_model)
+        s.threshold = verdicts.threshold_for(s, run.gpu_model)
         s.attempts += 1
-    for node in (a, b):
+    for node in nodes:
         node.busy = True
 
 
 def collect_pair(session: Session, clock: Clock, job: Job, step: BurnInStep, members: list[BurnIn]) -> None:
-    """A pair job ended: judge the rows it measured. A row fails when it fell short with a partner that
-    passed, or with two different partners; otherwise it pairs again (state retry)."""
-    names = [r.node for r in job.ranks if r.run == job.run]
+    """A pair or group job ended: judge the rows it measured (grouping says how a short one is judged)."""
+    names = [r.node for r in sorted(job.ranks, key=lambda r: r.rank) if r.run == job.run]
     rows = [(run, s) for run in members for s in run.steps if s.name == step.name and run.node in names]
     known_good = {run.node for run, s in rows if s.state == PASSED}
     value, problem, unit, skipped = verdicts.pair_results(session, job, step.kind, step.better)
@@ -182,22 +177,20 @@ def collect_pair(session: Session, clock: Clock, job: Job, step: BurnInStep, mem
     for run, s in rows:
         if s.job_id != job.id or s.state != RUNNING:
             continue
-        partner = next((n for n in names if n != run.node), "")
-        before = [p for p in s.evidence.get("partners", []) if p != partner]
-        attempts = [*s.evidence.get("attempts", []), {"partner": partner, "job": job.id, "value": value}]
-        s.evidence = {"attempts": attempts[-MAX_PAIR_ATTEMPTS:], "partners": sorted({*before, partner})}
+        others = [n for n in names if n != run.node]
+        earlier = [a.get("with") or [a.get("partner", "")] for a in s.evidence.get("attempts", [])]
+        attempt = {"partner": others[0] if others else "", "with": others, "job": job.id, "value": value}
+        keep = grouping.max_attempts(s.group_size)
+        partners = sorted({*s.evidence.get("partners", []), *others})
+        s.evidence = {"attempts": [*s.evidence.get("attempts", []), attempt][-keep:], "partners": partners}
         s.unit, s.value = unit[:16], value
         if skipped:
             s.state, s.detail, s.ended_at = SKIPPED, problem[:1024], now
         elif value is not None and (s.threshold is None or verdicts.passes(value, s.threshold, s.better)):
-            s.state, s.detail, s.ended_at = PASSED, f"with {partner}", now
+            s.state, s.detail, s.ended_at = PASSED, f"with {', '.join(others)}"[:1024], now
         else:
-            verdicts.pair_fell_short(
-                s,
-                problem or f"{verdicts.figure(value or 0.0, s)} {verdicts.comparison(s)} threshold {s.threshold:g}",
-                partner,
-                before,
-                partner in known_good,
-            )
+            figure = problem or f"{verdicts.figure(value or 0.0, s)} {verdicts.comparison(s)} threshold {s.threshold:g}"
+            verdict = grouping.fell_short(figure, others, known_good, earlier, s.attempts, s.group_size)
+            s.state, s.detail = verdict.state, verdict.detail
             if s.state == FAILED:
                 s.ended_at = now

@@ -16,7 +16,11 @@ A profile is a file `<name>.toml`:
     "H100" = 500.0
     default = 100.0            # any other model (and CPU-only nodes); left out: no threshold
 
-Steps of a multi-node kind (allreduce, network) run over pairs of nodes under test (lifecycle.pairing).
+Steps of a multi-node kind (allreduce, network) run over nodes under test measured together
+(lifecycle.pairing, lifecycle.grouping): pairs by default; an all-reduce step may say `group = N` (2 to
+MAX_GROUP) to measure N nodes at once. The network step measures point-to-point links, two nodes at a
+time, so a group other than 2 is refused there, as is `group` on a single-node step: a key that would be
+silently ignored is a mistake to report, not to guess around.
 GPU steps are skipped on a node without GPUs. The built-in profiles live in profile_files/ beside this
 module; admins add their own in `burnin_profiles_dir`, where a file replaces the built-in of the same name.
 A bad file is refused with InvalidInput naming the file and the problem, and never hides the others.
@@ -40,7 +44,16 @@ OPTION = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 MAX_STEPS = 64
 MAX_SECONDS = 24 * 3600
 _FILE_KEYS = ("name", "description", "steps")
-_STEP_KEYS = ("name", "kind", "seconds", "options", "threshold")
+_STEP_KEYS = ("name", "kind", "seconds", "options", "threshold", "group")
+# Multi-node kinds whose measurement spans any number of nodes (one ring over all of them). `network` is not
+# one: its rank 0 measures each partner's link in turn, so a group of N would take N - 1 times the step's
+# time (past its job's limit) and still judge point-to-point links.
+GROUP_KINDS = frozenset({"allreduce"})
+PAIR = 2
+# A group of 64 nodes is one all-reduce over 64 hosts, and a weak one among them is named in six more rounds
+# of the step (grouping): beyond it one job holds a large share of a fleet, and a failed one holds its
+# batch for longer than a burn-in should take.
+MAX_GROUP = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +63,7 @@ class Step:
     seconds: float
     options: Mapping[str, str] = field(default_factory=dict)
     threshold: Mapping[str, float] = field(default_factory=dict)  # GPU model key (lowercase) or "default"
+    group: int = PAIR  # nodes measured together by a multi-node step (2: pairs); unused by single-node steps
 
     @property
     def better(self) -> str:
@@ -163,7 +177,27 @@ def _step(position: int, data: object) -> Step:
         raise Refused(f"{where}: seconds must be a number from 1 to {MAX_SECONDS}")
     options = _options(where, data.get("options", {}))
     limits = _thresholds(where, data.get("threshold", {}))
-    return Step(name, kind, float(seconds), options, limits)
+    return Step(name, kind, float(seconds), options, limits, _group(where, kind, data.get("group")))
+
+
+def _group(where: str, kind: str, group: object) -> int:
+    if group is None:
+        return PAIR
+    if kind not in MULTI_NODE_KINDS:
+        raise Refused(
+            f"{where}: group is for steps over several nodes ({', '.join(sorted(GROUP_KINDS))});"
+            f" a {kind} step runs on one node"
+        )
+    if isinstance(group, bool) or not isinstance(group, int) or not PAIR <= group <= MAX_GROUP:
+        raise Refused(
+            f"{where}: group must be a whole number of nodes from {PAIR} to {MAX_GROUP} (2: pairs), not {group!r}"
+        )
+    if kind not in GROUP_KINDS and group != PAIR:
+        raise Refused(
+            f"{where}: group = {group} does not apply to a {kind} step: it measures point-to-point links, two nodes at"
+            f" a time; leave group out (pairs), or use group on an {' or '.join(sorted(GROUP_KINDS))} step"
+        )
+    return group
 
 
 def _options(where: str, options: object) -> dict[str, str]:

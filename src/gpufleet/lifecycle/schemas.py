@@ -29,9 +29,12 @@ class StepOut(BaseModel):
     position: int
     name: str
     kind: str
-    state: str = Field(description="pending, running, retry (a pair step pairing again), passed, failed, skipped")
+    state: str = Field(
+        description="pending, running, retry (a pair or group step measuring a suspect again), passed, failed, skipped"
+    )
     job_id: int | None
-    partner: str | None
+    partner: str | None = Field(description="a pair step's other node; in a group, the first other (see evidence)")
+    group_size: int = Field(description="nodes a multi-node step measures together (2: pairs); 1 for the others")
     attempts: int
     value: float | None
     unit: str
@@ -73,7 +76,8 @@ class ProfileStepOut(BaseModel):
     options: dict[str, str]
     threshold: dict[str, float] = Field(description="per GPU model (a part of its name, lowercase) or default")
     better: str
-    pairs: bool = Field(description="runs over pairs of nodes under test")
+    pairs: bool = Field(description="runs over several nodes under test together: pairs, or groups of `group`")
+    group: int | None = Field(description="nodes measured together (2: pairs); null for a single-node step")
 
 
 class ProfileOut(BaseModel):
@@ -97,6 +101,7 @@ class ProfileOut(BaseModel):
                     threshold=dict(s.threshold),
                     better=s.better,
                     pairs=s.multi_node,
+                    group=s.group if s.multi_node else None,
                 )
                 for s in profile.steps
             ],

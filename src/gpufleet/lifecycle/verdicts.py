@@ -13,10 +13,11 @@ from gpufleet.jobs.models import Job, JobOutputChunk, JobState
 from gpufleet.lifecycle.models import BurnInStep
 from gpufleet.protocol.burnin import BadResult, StepResult, parse_result
 
-# Step states. A pair step that failed with a partner not known to be good is "retry": it pairs again.
+# Step states. A multi-node step that fell short with partners not all known to be good is "retry": it is
+# measured again (lifecycle.grouping).
 PENDING, RUNNING, RETRY, PASSED, FAILED, SKIPPED = "pending", "running", "retry", "passed", "failed", "skipped"
 STEP_DONE = (PASSED, FAILED, SKIPPED)
-MAX_PAIR_ATTEMPTS = 3
+MAX_PAIR_ATTEMPTS = 3  # a pair step's measures of one node; groups allow more (grouping.max_attempts)
 
 # How much of the end of a rank's output is read back for its result line: the line is the last thing a
 # step prints, and a step's chatter before it (stress-ng, fio) is not the head's to keep reading.
@@ -133,8 +134,8 @@ def failure(step: BurnInStep) -> str:
 
 
 def pair_results(session: Session, job: Job, kind: str, better: str) -> tuple[float | None, str, str, bool]:
-    """Both ranks' results as one: (value, problem, unit, skipped). The value is the worse rank's: a link
-    is as fast as its slower side."""
+    """Every rank's result as one: (value, problem, unit, skipped). The value is the worst rank's: a link
+    is as fast as its slower side, and an all-reduce over a group as its weakest member."""
     results: list[StepResult] = []
     for rank in sorted({r.rank for r in job.ranks if r.run == job.run}):
         try:
@@ -153,15 +154,3 @@ def pair_results(session: Session, job: Job, kind: str, better: str) -> tuple[fl
         return None, bad.detail or "the step reported a failure", unit, False
     pick = min if better == "higher" else max
     return pick(r.value for r in results), "", unit, False
-
-
-def pair_fell_short(s: BurnInStep, figure: str, partner: str, before: list[str], partner_passed: bool) -> None:
-    if partner_passed:
-        s.state, s.detail = FAILED, f"{figure} with {partner}, a node that passed this step"
-    elif before:
-        s.state, s.detail = FAILED, f"{figure} with {partner}, and before with {', '.join(before)}"
-    elif s.attempts >= MAX_PAIR_ATTEMPTS:
-        s.state, s.detail = FAILED, f"{figure} with {partner}, {s.attempts} times"
-    else:
-        s.state, s.detail = RETRY, f"{figure} with {partner}; pairing again with another partner"
-    s.detail = s.detail[:1024]
