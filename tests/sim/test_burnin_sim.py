@@ -311,6 +311,22 @@ def test_a_weak_link_fails_network_and_allreduce_on_its_own_rank(gpus: int) -> N
     # CPU-only nodes: the built-in cpu profile's 1 Gbit/s floor does not catch a 30% link (7 Gbit/s of 23.5).
 
 
+def test_a_group_all_reduce_over_a_weak_link_runs_at_its_weakest_members_pace() -> None:
+    # A group of 4 (`group = 4`): the head judges the worst rank's value (verdicts.pair_results), so the
+    # group is as fast as its weak member, whichever rank that node holds.
+    step = Step("allreduce", "allreduce", 20, {"backend": "auto", "size": "256M"}, {"h200": 35.0}, 4)
+    nodes = [Node(f"sim00{i}") for i in range(1, 5)]
+    nodes[2].faults.inject("weak-link", None)
+    values = [n.step(step, rank=i, world_size=4).result for i, n in enumerate(nodes)]
+    assert all(v.evidence["ranks"] == 4 for v in values)
+    group = min(v.value for v in values)
+    assert group == values[2].value
+    assert not step.passes(group, step.threshold_for(nodes[0].gpu_model))
+    healthy = min(v.value for i, v in enumerate(values) if i != 2)
+    assert step.passes(healthy, step.threshold_for(nodes[0].gpu_model))
+    assert 0.28 < group / healthy < 0.32
+
+
 def test_heal_replaces_the_weak_parts() -> None:
     node = Node()
     for kind, gpu in (("weak-gpu-slow", 1), ("weak-gpu-wrong", 4), ("weak-link", None)):

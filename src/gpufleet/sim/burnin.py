@@ -10,11 +10,14 @@ clearly above the built-in profiles' thresholds, which are set about 15% under h
 
 Three faults exist only here (WEAK_FAULTS): a weak GPU that is slow, one that computes wrong results, and
 a weak network link. NVML and the node's telemetry never show them, as on real hardware such a part looks
-healthy until a burn-in loads and checks it. The NVML faults a real step would notice show too: a lost or
-missing GPU fails every GPU step that holds it, a hot GPU fails thermal and computes at half its clock,
-NVLinks down slow its peer copies, a gpu-slow GPU does a fifth of the work, and DCGM's diagnostic fails
-the tests that catch ECC errors, NVLinks down, heat and lost GPUs. DCGM does not see the weak faults: they
-stand for what only the dedicated steps catch, so each fails only the steps meant to catch it.
+healthy until a burn-in loads and checks it. A weak link lowers its own rank's figure in a pair or a group
+of any size (`group = N`): the head judges a multi-node step by its worst rank, so a group measures at its
+weakest member's pace, as a real ring all-reduce does (where every rank would see the slow ring). The
+NVML faults a real step would notice show too: a lost or missing GPU fails every GPU step that holds it,
+a hot GPU fails thermal and computes at half its clock, NVLinks down slow its peer copies, a gpu-slow GPU
+does a fifth of the work, and DCGM's diagnostic fails the tests that catch ECC errors, NVLinks down, heat
+and lost GPUs. DCGM does not see the weak faults: they stand for what only the dedicated steps catch, so
+each fails only the steps meant to catch it.
 """
 
 from __future__ import annotations
