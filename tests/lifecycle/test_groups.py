@@ -223,6 +223,31 @@ def test_nodes_that_passed_stay_as_known_good_partners_while_a_weak_node_is_name
     assert all("a node that passed this step" in done[n].reason for n in ("n6", "n8"))
 
 
+def test_nodes_that_passed_are_let_go_once_naming_a_weak_node_has_taken_all_its_rounds(
+    sessions: sessionmaker[Session], clock: FakeClock
+) -> None:
+    helpers.cluster(sessions, clock, nodes=4)
+    start(sessions, clock, ["n1", "n2", "n3", "n4"], grouped(2))
+    advance(sessions, clock)
+    answer_rings(sessions, clock, ring_with_weak("n1"))  # n1 and n2 fall short; n3 and n4 pass
+    for name in ("n1", "n2"):  # Slurm runs work there now: the suspects cannot be measured again
+        helpers.set_node(sessions, name, wlm_state="mixed")
+    advance(sessions, clock)
+    assert {n: r.steps[0].state for n, r in runs(sessions).items()} == {
+        "n1": "retry",
+        "n2": "retry",
+        "n3": "passed",
+        "n4": "passed",
+    }
+    clock.advance(pairing.PAIR_WAIT_S + 1)
+    advance(sessions, clock)
+    assert runs(sessions)["n3"].state == "running"  # still a known-good partner for the suspects
+    step = grouped(2).steps[0]
+    clock.advance(grouping.max_attempts(2) * step.time_limit_s)
+    advance(sessions, clock)
+    assert runs(sessions)["n3"].state == "passed"  # let go: the suspects never came back
+
+
 def test_two_weak_nodes_in_one_group_are_both_named_and_the_rest_pass(
     sessions: sessionmaker[Session], clock: FakeClock
 ) -> None:

@@ -30,13 +30,16 @@ PAIR_WAIT_S = 600.0
 
 def held_by_pair(run: BurnIn, members: list[BurnIn], clock: Clock) -> bool:
     """Whether the run must stay at a pair step it is done with: some started run of its batch has yet to
-    decide that step, and may need it as a known-good partner: for PAIR_WAIT_S at most, or for as long as
-    a weak node is being named (a suspect measured again, bounded by grouping.max_attempts)."""
+    decide that step, and may need it as a known-good partner: for PAIR_WAIT_S, or while a weak node is
+    being named (a suspect measured again) for as long as grouping.max_attempts rounds of the step take."""
     done_pairs = [s for s in run.steps if s.kind in MULTI_NODE_KINDS and s.state == PASSED]
     if not done_pairs:
         return False
     last = done_pairs[-1]
-    fresh = last.ended_at is None or placement.since(last.ended_at, clock) <= PAIR_WAIT_S
+    waited = 0.0 if last.ended_at is None else placement.since(last.ended_at, clock)
+    # Naming a weak node takes at most max_attempts rounds of the step, each within its job's time limit;
+    # a suspect whose node never comes back (busy, not reporting) must not hold the others for ever.
+    naming_s = PAIR_WAIT_S + grouping.max_attempts(last.group_size) * last.time_limit_s
     for other in members:
         if other is run or other.state not in BURNIN_ACTIVE or other.started_at is None:
             continue
@@ -46,7 +49,10 @@ def held_by_pair(run: BurnIn, members: list[BurnIn], clock: Clock) -> bool:
         # Bisecting a group of 64 takes seven rounds of the step: the halves of one node at the end need
         # the nodes that passed at the start, whatever PAIR_WAIT_S says. A first measure of a late joiner
         # does not: a stream of joins must not hold the first nodes for ever.
-        if fresh or theirs.state == RETRY or (theirs.state == RUNNING and theirs.attempts > 1):
+        if waited <= PAIR_WAIT_S:
+            return True
+        naming = theirs.state == RETRY or (theirs.state == RUNNING and theirs.attempts > 1)
+        if naming and waited <= naming_s:
             return True
     # Leaving the pair step: the next step must not start while a partner is still being measured.
     return False
