@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
 GPUFLEET = [sys.executable, "-m", "gpufleet.entry"]
 ADMIN = "gfa_e2e-admin-token-0123456789"
@@ -145,6 +146,19 @@ class Head:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
             self.proc.wait(timeout=30)
+
+
+def lease_holder(db_url: str, lease: str = "head-leader") -> tuple[int, bool] | None:
+    """Which head process holds `lease` (holders are host:pid:random): its pid, and whether the lease is
+    still valid; None if nobody took it yet. Several head processes share one database (PostgreSQL)."""
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            query = text("SELECT holder, expires_at > now() FROM leases WHERE name = :name")
+            row = conn.execute(query, {"name": lease}).first()
+    finally:
+        engine.dispose()
+    return None if row is None else (int(row[0].split(":")[1]), bool(row[1]))
 
 
 def start_sim(

@@ -10,23 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
 
-from tests.e2e.conftest import Head, start_sim, stop, wait_for
+from tests.e2e.conftest import Head, lease_holder, start_sim, stop, wait_for
 
 pytestmark = pytest.mark.e2e
 NODES = 20
-
-
-def _holder(db_url: str) -> tuple[int, bool] | None:
-    """The leader's pid (holders are host:pid:random) and whether its lease is still valid."""
-    engine = create_engine(db_url)
-    try:
-        with engine.connect() as conn:
-            row = conn.execute(text("SELECT holder, expires_at > now() FROM leases")).first()
-    finally:
-        engine.dispose()
-    return None if row is None else (int(row[0].split(":")[1]), bool(row[1]))
 
 
 def _health(head: Head) -> dict[str, object] | None:
@@ -59,7 +47,7 @@ def test_two_head_processes_survive_the_leaders_kill(postgres_url: str, tmp_path
             timeout=30,
             interval=0.5,
         )
-        held = _holder(postgres_url)
+        held = lease_holder(postgres_url)
         assert held is not None
         leader = held[0]
         assert leader in channels
@@ -67,7 +55,9 @@ def test_two_head_processes_survive_the_leaders_kill(postgres_url: str, tmp_path
         os.kill(leader, signal.SIGKILL)
         killed = time.monotonic()
         took = wait_for(
-            lambda: (h := _holder(postgres_url)) is not None and h[0] != leader and h[1], timeout=10, interval=0.2
+            lambda: (h := lease_holder(postgres_url)) is not None and h[0] != leader and h[1],
+            timeout=10,
+            interval=0.2,
         )
         print(f"a new leader {took:.1f}s after the kill -9")
         # The surviving process answers meanwhile, and the supervisor starts a process in the dead one's place.

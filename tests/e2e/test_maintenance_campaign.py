@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 from filelock import FileLock
 
+from tests.e2e.campaign_checks import ENDED_BADLY, OutWatch, check_never_over, count_steps, steps, wait_task
 from tests.e2e.conftest import Head, run_cli, start_sim, stop, wait_for
 from tests.provisioning.images_helpers import make_tree, tarball
 
@@ -28,47 +26,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.rsync, pytest.mark.requires_tool("rsy
 NODES = 16
 NAMES = [f"sim{i:03d}" for i in range(1, NODES + 1)]
 CAMPAIGN = "/api/v1/maintenance/campaigns/image-r2"
-ENDED_BADLY = {"cancelled", "failed", "node_fail", "timeout"}
-
-
-class OutWatch:
-    """Polls the nodes while the campaign runs: which of them are out of service (not up, or drained) at
-    each look, and which were ever out, independently of the campaign's own count."""
-
-    def __init__(self, head: Head) -> None:
-        self.head = head
-        self.most = 0
-        self.ever_out: set[str] = set()
-        self.looks = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> OutWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            try:
-                nodes = self.head.nodes()
-            except (httpx.HTTPError, AssertionError):
-                continue  # the head is restarting
-            out = {n["name"] for n in nodes if n["state"] != "up" or n["drain_reason"] is not None}
-            self.most = max(self.most, len(out))
-            self.ever_out |= out
-            self.looks += 1
-
-
-def _task(head: Head, answer: dict[str, Any]) -> dict[str, Any]:
-    path = f"/api/v1/tasks/{answer['id']}"
-    wait_for(lambda: head.api("GET", path)["state"] in ("succeeded", "failed", "interrupted"), 60, 0.2)
-    task: dict[str, Any] = head.api("GET", path)
-    assert task["state"] == "succeeded", task
-    return task
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +62,9 @@ def test_a_campaign_over_busy_nodes_stops_at_its_canary_then_finishes_across_a_r
     tree = make_tree(tmp / "tree")
     (tree / "home").mkdir()
     (tree / "etc" / "gpufleet-release").write_text("r1\n")
-    _task(head, head.api("POST", "/api/v1/images", json={"name": "base", "tarball": str(tarball(tree, tmp / "b.tar"))}))
-    _task(head, head.api("POST", "/api/v1/sync", json={"category": "gpu"}))  # every node on revision 1
+    imported = {"name": "base", "tarball": str(tarball(tree, tmp / "b.tar"))}
+    wait_task(head, head.api("POST", "/api/v1/images", json=imported))
+    wait_task(head, head.api("POST", "/api/v1/sync", json={"category": "gpu"}))  # every node on revision 1
     for name in NAMES:  # each node's users' files, on its /home (which no sync touches)
         notes = tmp / "nodes" / name / "home" / "alice" / "notes"
         notes.parent.mkdir(parents=True)
@@ -185,17 +143,9 @@ def test_a_campaign_over_busy_nodes_stops_at_its_canary_then_finishes_across_a_r
 
     # Never more than 2 out: as the watch saw the nodes, and at every one of the campaign's own changes.
     assert watch.most <= 2, watch.most
-    records = head.api("GET", "/api/v1/audit", params={"actor": "campaign:image-r2", "limit": 5000})
-    out: set[str] = set()
-    for record in reversed(records):  # the log lists the newest first
-        node = record["target"].split(": ", 1)[1].split(" ", 1)[0]
-        if record["action"] == "maintenance.take":
-            out.add(node)
-        elif record["action"] == "maintenance.return":
-            out.discard(node)
-        assert len(out) <= 2, record
-    assert [r["action"] for r in records].count("maintenance.take") == NODES + 1  # the canary twice
-    assert out == set()
+    records = steps(head, "image-r2")
+    assert check_never_over(records, 2) == set()
+    assert count_steps(records, "maintenance.take").total() == NODES + 1  # the canary twice
 
     # No running job killed: the short ones completed, the long ones ran on or were requeued.
     states = {j["id"]: j for j in head.api("GET", "/api/v1/jobs", params={"limit": 100})}
