@@ -5,11 +5,13 @@ from datetime import UTC, datetime
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.core.clock import FakeClock
-from gpufleet.core.db import transaction
+from gpufleet.core import db
+from gpufleet.core.db import make_engine, make_session_factory, transaction
+from gpufleet.core.errors import Unavailable
 from gpufleet.core.leases import Lease, holder_of, release, try_acquire
 from gpufleet.logs.models import FTS_INDEX, FTS_TABLE
 from gpufleet.migrations import metadata, upgrade
@@ -67,3 +69,37 @@ def test_a_read_only_transaction_refuses_to_write(sessions: sessionmaker[Session
         session.add(Lease(name="x", holder="y", expires_at=datetime.now(UTC)))
     with transaction(sessions, readonly=True) as session:
         assert session.get(Lease, "x") is None
+
+
+@pytest.mark.postgres
+def test_a_dropped_connection_costs_one_transaction_at_most(
+    postgres_url: str, postgres_admin: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL's pool pings a connection only after PING_IDLE_S of idleness: an idle connection the
+    server dropped is replaced unseen; a busy one fails its one transaction (503), and the next works."""
+    engine = make_engine(postgres_url)
+    sessions = make_session_factory(engine)
+
+    def backend_pid() -> int:
+        with transaction(sessions, readonly=True) as s:
+            return int(s.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+    def drop(pid: int) -> None:
+        with postgres_admin.connect() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
+
+    try:
+        first = backend_pid()
+        assert backend_pid() == first  # one pooled connection, reused
+        drop(first)
+        monkeypatch.setattr(db, "PING_IDLE_S", 0.0)  # idle long enough: pinged, found dead, replaced
+        second = backend_pid()
+        assert second != first
+
+        monkeypatch.setattr(db, "PING_IDLE_S", 3600.0)  # in use a moment ago: not pinged
+        drop(second)
+        with pytest.raises(Unavailable):
+            backend_pid()
+        assert backend_pid() not in (first, second)  # the pool was renewed on the disconnect
+    finally:
+        engine.dispose()

@@ -88,6 +88,7 @@ from gpufleet.api.routers import (
 from gpufleet.api.routers import (
     tasks as task_routes,
 )
+from gpufleet.api.routing import IndexedRouter
 from gpufleet.api.security_headers import SecurityHeaders
 from gpufleet.api.service_proxy import ServiceProxy
 from gpufleet.api.templates import STATIC_DIR, StaticFiles
@@ -199,9 +200,9 @@ def _shared_routes() -> tuple[tuple[BaseRoute, ...], tuple[BaseRoute, ...]]:
     app it was built with. (Dependency overrides would be the first app's; gpufleet uses none.) The test
     suite builds an app per test, hundreds of times."""
     template = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-    api = APIRouter(prefix=API_PREFIX, responses=ERROR_RESPONSES)
+    api = IndexedRouter(prefix=API_PREFIX, responses=ERROR_RESPONSES)  # a page's path skips the API
     for router in API_ROUTERS:
-        api.include_router(router)
+        api.include_router(IndexedRouter.over(router))  # a path reaches one router's routes, not all
     template.include_router(api)
     template.include_router(dashboard.router)
     before = tuple(template.router.routes)

@@ -23,7 +23,8 @@ CSRF_HEADER = "x-csrf-token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def context(request: Request) -> HeadContext:
+async def context(request: Request) -> HeadContext:
+    # async: a sync dependency costs a trip to the thread pool and back, and this one reads nothing
     ctx: HeadContext = request.app.state.ctx
     return ctx
 
@@ -115,7 +116,12 @@ class PermissionCheck:
         self.permission = permission
         self.reads_only = reads_only
 
-    def __call__(self, request: Request, caller: Caller) -> Principal:
+    async def __call__(self, request: Request, caller: Caller) -> Principal:
+        # async: a sync dependency costs a trip to the thread pool and back, and this one reads nothing
+        return self.check(request, caller)
+
+    def check(self, request: Request, caller: Principal) -> Principal:
+        """The decision, for a route that needs a further permission for some of its requests."""
         if not allowed(caller.role, self.permission, caller.scope):
             who = f"a {caller.role}" + (" with a read-only token" if caller.scope == "read" else "")
             raise Forbidden(f"{who} may not do this ({self.permission})")

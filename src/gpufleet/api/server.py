@@ -18,7 +18,6 @@ never delays a heartbeat (head_loops.Role).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import os
@@ -292,4 +291,4 @@ def run(settings: Settings, announce: bool = True) -> None:
     if token is not None and announce:
         print(f"Admin token (shown once, store it now): {token}", flush=True)
     gc_tuning.tune_for_long_running()
-    asyncio.run(server.serve())
+    server.run()  # on uvloop where installed, like the processes of `--workers N`

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -10,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import DateTime, Engine, MetaData, create_engine, event
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
+from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.exc import ArgumentError, DisconnectionError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -93,7 +94,39 @@ def make_engine(url: str) -> Engine:
         return engine
     if parsed.get_backend_name() != "postgresql":
         raise ConfigError(f"unsupported database {parsed.get_backend_name()!r}: use sqlite or postgresql+psycopg")
-    return create_engine(parsed, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    engine = create_engine(parsed, pool_size=10, max_overflow=10)
+    event.listen(engine, "checkin", _note_checkin)
+    event.listen(engine, "checkout", _IdlePing(engine.dialect))
+    return engine
+
+
+# A pooled connection idle for longer is tested before use (the database may have restarted, or a
+# firewall dropped the connection meanwhile). One in use within this time is not: SQLAlchemy's
+# pool_pre_ping costs a round trip on every checkout, two per API request (the token, then the work),
+# and a restart under a busy connection fails its statement whether it was pinged or not; the pool is
+# then renewed on that disconnect error, and that request alone answers 503.
+PING_IDLE_S = 5.0
+
+
+def _note_checkin(_dbapi_connection: Any, record: Any) -> None:
+    record.info["checked_in_at"] = time.monotonic()
+
+
+class _IdlePing:
+    """The pool's checkout hook: ping a connection that has been idle for PING_IDLE_S or longer."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+
+    def __call__(self, dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        checked_in_at = record.info.get("checked_in_at")
+        if checked_in_at is None or time.monotonic() - checked_in_at < PING_IDLE_S:
+            return  # new, or in use a moment ago
+        try:
+            self.dialect.do_ping(dbapi_connection)
+        except Exception as exc:  # whatever the driver raises for a dead connection
+            # The documented way to have the pool drop this connection and check out another.
+            raise DisconnectionError(f"pooled connection failed its ping: {exc}") from exc
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

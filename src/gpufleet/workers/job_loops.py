@@ -277,8 +277,10 @@ class JobLoops:
         if not self.is_leader() or self.slurm is not None:
             return
         targets = await in_thread(self.service_probes)
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as http:
-            answers = await asyncio.gather(*(_probe(http, t.url) for t in targets))
+        answers: list[bool] = []
+        if targets:  # a client builds an SSL context (milliseconds of CPU): not on every idle pass
+            async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as http:
+                answers = list(await asyncio.gather(*(_probe(http, t.url) for t in targets)))
         results = {t.replica_id: ok for t, ok in zip(targets, answers, strict=True)}
         await in_thread(lambda: self.reconcile_services_once(results))
 

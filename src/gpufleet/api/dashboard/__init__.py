@@ -29,6 +29,7 @@ from gpufleet.api.dashboard import (
     storage,
     tasks,
 )
+from gpufleet.api.routing import IndexedRouter
 
 router = APIRouter(include_in_schema=False)
 for _page in (
@@ -52,4 +53,4 @@ for _page in (
     tasks,
     admin,
 ):
-    router.include_router(_page.router)
+    router.include_router(IndexedRouter.over(_page.router))  # a path reaches one page's routes

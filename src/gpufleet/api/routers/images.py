@@ -400,7 +400,7 @@ def node_drift(
     runs in the request, with the image_drift_timeout_s timeout). Naming another image or target
     than the node's needs images:write: it has the head's rsync read any place it is told to."""
     if image is not None or target is not None:
-        PermissionCheck(Permission.IMAGES_WRITE)(request, who)
+        PermissionCheck(Permission.IMAGES_WRITE).check(request, who)
     with tx(ctx, readonly=True) as db:
         node = inventory.get_node(db, name)
         (node_plan,) = _plan(db, ctx, [node], image, target)

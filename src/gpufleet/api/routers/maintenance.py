@@ -42,7 +42,7 @@ def _check_actions(request: Request, who: Principal, body: CampaignIn) -> None:
     for text in body.actions:
         permission = ACTION_PERMISSIONS.get(text.strip().partition(":")[0])
         if permission is not None:
-            PermissionCheck(permission)(request, who)
+            PermissionCheck(permission).check(request, who)
 
 
 @router.post("/plans")
