@@ -195,6 +195,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=1, help="head processes (several need --database-url)")
     parser.add_argument("--connections", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds for every head process to start")
     parser.add_argument("--array-tasks", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--sbatch-duration", type=float, default=5.0, help="seconds of each sbatch loop run")
@@ -212,6 +213,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-submit-") as tmp:
         head = Head(Path(tmp), database_url=args.database_url, env={"GPUFLEET_WORKERS": str(args.workers)}).start()
         try:
+            if args.workers > 1:
+                # /healthz answers once one process serves; wrk's connections stay where they are
+                # accepted, so all of them must be serving first (measured: a run started at once put all
+                # 8 on one process, at 0.99 and 0.08 cores). They share one socket: no way to ask each.
+                time.sleep(args.settle)
             set_up(head)
             report["single"] = [wrk_posts(head, c, args.duration, Path(tmp)) for c in args.connections]
             report["arrays"] = arrays(head, args.array_tasks, args.repeat)
