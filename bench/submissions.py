@@ -189,6 +189,25 @@ def set_up(head: Head) -> None:
                 raise RuntimeError(f"{method} {path} answered {answer.status_code}: {answer.text[:300]}")
 
 
+def gpufleet_figures(args: argparse.Namespace) -> dict[str, Any]:
+    """Single POSTs with wrk, then arrays, against a head of its own."""
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-submit-") as tmp:
+        head = Head(Path(tmp), database_url=args.database_url, env={"GPUFLEET_WORKERS": str(args.workers)}).start()
+        try:
+            if args.workers > 1:
+                # /healthz answers once one process serves; wrk's connections stay where they are
+                # accepted, so all of them must be serving first (measured: a run started at once put all
+                # 8 on one process, at 0.99 and 0.08 cores). They share one socket: no way to ask each.
+                time.sleep(args.settle)
+            set_up(head)
+            single = [wrk_posts(head, c, args.duration, Path(tmp)) for c in args.connections]
+            return {"single": single, "arrays": arrays(head, args.array_tasks, args.repeat)}
+        finally:
+            assert head.proc is not None
+            head.proc.terminate()
+            head.proc.wait(30)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database-url", help="PostgreSQL URL (default: SQLite in a temp dir)")
@@ -210,24 +229,11 @@ def main() -> int:
         "workers": args.workers,
         "cpus": os.cpu_count(),
     }
-    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-submit-") as tmp:
-        head = Head(Path(tmp), database_url=args.database_url, env={"GPUFLEET_WORKERS": str(args.workers)}).start()
-        try:
-            if args.workers > 1:
-                # /healthz answers once one process serves; wrk's connections stay where they are
-                # accepted, so all of them must be serving first (measured: a run started at once put all
-                # 8 on one process, at 0.99 and 0.08 cores). They share one socket: no way to ask each.
-                time.sleep(args.settle)
-            set_up(head)
-            report["single"] = [wrk_posts(head, c, args.duration, Path(tmp)) for c in args.connections]
-            report["arrays"] = arrays(head, args.array_tasks, args.repeat)
-        except (RuntimeError, subprocess.SubprocessError, httpx.HTTPError) as exc:
-            print(f"bench/submissions.py: {exc}", file=sys.stderr)
-            return 2
-        finally:
-            assert head.proc is not None
-            head.proc.terminate()
-            head.proc.wait(30)
+    try:
+        report |= gpufleet_figures(args)
+    except (RuntimeError, subprocess.SubprocessError, httpx.HTTPError) as exc:
+        print(f"bench/submissions.py: {exc}", file=sys.stderr)
+        return 2
     env = None if args.no_slurm else slurm_env()
     if env is not None:
         try:

@@ -8,8 +8,8 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpufleet.core.clock import FakeClock
 from gpufleet.core import db
+from gpufleet.core.clock import FakeClock
 from gpufleet.core.db import make_engine, make_session_factory, transaction
 from gpufleet.core.errors import Unavailable
 from gpufleet.core.leases import Lease, holder_of, release, try_acquire
