@@ -14,6 +14,7 @@ tests/api/test_channel_impostor.py (in-process, the same code); this is the same
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -57,6 +58,12 @@ async def _open(head: Head, token: str) -> ClientConnection:
     await ws.send(json.dumps({"type": "hello", "heartbeat_interval_s": 1.0}))
     assert json.loads(await ws.recv())["type"] == "welcome"
     return ws
+
+
+async def _beat(ws: ClientConnection) -> None:
+    for seq in itertools.count(1):
+        await ws.send(json.dumps({"type": "heartbeat", "seq": seq}))
+        await asyncio.sleep(0.3)
 
 
 async def _next_of(ws: ClientConnection, kind: str) -> dict[str, Any]:
@@ -132,6 +139,9 @@ def test_an_impostor_agent_is_refused_end_to_end(head: Head) -> None:
 
     async def scenario() -> None:
         victim_ws = await _open(head, victim)
+        # The victim beats as an agent does: its node stays up through the scenario however slow the
+        # machine (a second's interval, down after 2.5 without a beat), and holds its GPU and hostname.
+        beating = asyncio.create_task(_beat(victim_ws))
         await asyncio.to_thread(wait_for, lambda: head.api("GET", "/api/v1/nodes/victim")["state"] == "up", 20)
 
         # The victim's fault command, answered first by evil with the id it names.
@@ -182,20 +192,24 @@ def test_an_impostor_agent_is_refused_end_to_end(head: Head) -> None:
         evil_ws = await _open(head, evil)
         await evil_ws.send(b'{"type": "heartbeat", "seq": 1}')
         assert await _closed_with(evil_ws) == CLOSE_UNSUPPORTED_DATA
+
+        # Evil's inventory naming the victim's GPU or hostname, while the victim is up and holds them (a
+        # node that is down holds neither: a card moved to another chassis is reported by its new node).
+        assert (await asyncio.to_thread(head.api, "GET", "/api/v1/nodes/victim"))["state"] == "up"
+        for claim in (_inventory("evil.cluster", [VICTIMS_GPU]), _inventory("victim.cluster", [])):
+            answer = await asyncio.to_thread(
+                httpx.put,
+                head.url + "/api/v1/agent/inventory",
+                content=claim.model_dump_json(),
+                headers={"Authorization": f"Bearer {evil}", "Content-Type": "application/json"},
+                timeout=30,
+            )
+            assert answer.status_code == 409, answer.text
+            assert "victim" in answer.json()["detail"]
+        beating.cancel()
         await victim_ws.close()
 
     asyncio.run(scenario())
-
-    # Evil's inventory naming the victim's GPU or hostname.
-    for claim in (_inventory("evil.cluster", [VICTIMS_GPU]), _inventory("victim.cluster", [])):
-        answer = httpx.put(
-            head.url + "/api/v1/agent/inventory",
-            content=claim.model_dump_json(),
-            headers={"Authorization": f"Bearer {evil}", "Content-Type": "application/json"},
-            timeout=30,
-        )
-        assert answer.status_code == 409, answer.text
-        assert "victim" in answer.json()["detail"]
 
     victim_node = head.api("GET", "/api/v1/nodes/victim")
     assert (victim_node["hostname"], victim_node["gpu_count"]) == ("victim.cluster", 1)
