@@ -1,5 +1,8 @@
 """Two head replicas on one database, driven tick by tick with a fake clock."""
 
+import asyncio
+import threading
+import time
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -8,6 +11,7 @@ from gpufleet.core.clock import FakeClock
 from gpufleet.core.config import load_settings
 from gpufleet.core.db import transaction
 from gpufleet.inventory import service as inventory
+from gpufleet.inventory.liveness import Change
 from gpufleet.inventory.schemas import NodeSettings
 from gpufleet.workers.head_loops import HeadLoops, Role
 
@@ -93,3 +97,36 @@ def test_a_split_head_sweeps_in_its_channel_process_and_leads_in_an_api_process(
     channels.resign()
     assert other.lead_once()
     assert not HeadLoops(settings=settings, sessions=sessions, clock=clock, holder="a2", role=Role.API).lead_once()
+
+
+def _leads_within(loops: HeadLoops, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while loops.leader_since is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return loops.leader_since is not None
+
+
+def test_the_lease_is_renewed_while_a_flush_is_stuck(
+    sessions: sessionmaker[Session], clock: FakeClock, tmp_path: Path
+) -> None:
+    """A flush or sweep that takes long (a slow database, a thousand nodes' receipts) must not hold up
+    the lease's renewal: a healthy leader would lose it to another process for nothing."""
+    a, _ = _replicas(sessions, clock, tmp_path)
+    unblock = threading.Event()
+
+    def stuck_flush() -> list[Change]:
+        unblock.wait(30)
+        return []
+
+    a.flush_once = stuck_flush  # type: ignore[method-assign]
+
+    async def scenario() -> bool:
+        stop = asyncio.Event()
+        loops = asyncio.create_task(a.run(stop))
+        led = await asyncio.to_thread(_leads_within, a, 20.0)
+        unblock.set()
+        stop.set()
+        await loops
+        return led
+
+    assert asyncio.run(scenario()), "the lease waited for the stuck flush"

@@ -175,6 +175,10 @@ class HeadLoops:
         behind them would make live nodes look silent.
         """
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="head-loops")
+        # The lease is renewed on a thread of its own: behind a long flush or sweep (a thousand nodes'
+        # receipts, a slow database) a healthy leader's renewal came late, 4 s into a 5 s lease, and the
+        # lease could lapse and pass to another process for nothing.
+        lease_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="head-lease")
 
         async def in_loop_thread(call: Callable[[], T]) -> T:
             return await asyncio.get_running_loop().run_in_executor(executor, call)
@@ -189,7 +193,7 @@ class HeadLoops:
             report(await in_loop_thread(self.flush_once))
 
         async def lead_step() -> None:
-            await in_loop_thread(self.lead_once)
+            await asyncio.get_running_loop().run_in_executor(lease_executor, self.lead_once)
 
         async def sweep_step() -> None:
             report(await in_loop_thread(self.sweep_once))
@@ -203,6 +207,7 @@ class HeadLoops:
                 run_periodic("liveness-sweep", self.settings.sweep_interval_s, sweep_step, stop),
             )
         finally:
+            await in_loop_thread(lambda: lease_executor.shutdown(wait=True))  # no renewal after resigning
             await in_loop_thread(self._shutdown)
             executor.shutdown(wait=False)
 
