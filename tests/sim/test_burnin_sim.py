@@ -21,7 +21,8 @@ from gpufleet.lifecycle.profiles import Profile, Step, load_profiles
 from gpufleet.protocol.burnin import GPU_KINDS, KINDS, MULTI_NODE_KINDS, BadResult, StepResult, parse_result
 from gpufleet.protocol.jobs import JobStart
 from gpufleet.protocol.metrics import FAULT_KINDS
-from gpufleet.sim.burnin import GPU_FIGURES, WEAK_FAULTS, BurninFaults
+from gpufleet.sim.burnin import WEAK_FAULTS, BurninFaults
+from gpufleet.sim.burnin_figures import GPU_FIGURES
 from gpufleet.sim.faults import SimulatedFaults
 from gpufleet.sim.infiniband import SimulatedInfiniband
 from gpufleet.sim.jobs import BURNIN_TIME_SCALE, SimulatedExecutor
