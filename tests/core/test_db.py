@@ -71,6 +71,33 @@ def test_a_read_only_transaction_refuses_to_write(sessions: sessionmaker[Session
         assert session.get(Lease, "x") is None
 
 
+def test_a_read_on_postgresql_opens_no_transaction_block_and_writes_stay_atomic(
+    sessions: sessionmaker[Session],
+) -> None:
+    """On PostgreSQL a read-only transaction runs in autocommit (no BEGIN and COMMIT round trips: at READ
+    COMMITTED each statement reads its own snapshot anyway); the pooled connection it used is back in a
+    transaction block for the next writer, whose error still rolls everything back."""
+
+    class Boom(Exception):
+        pass
+
+    postgres = sessions.kw["bind"].dialect.name == "postgresql"
+    with transaction(sessions, readonly=True) as reader:
+        if postgres:  # now() is the transaction's start: in a block, both statements would see one time
+            first = reader.execute(text("SELECT now()")).scalar_one()
+            reader.execute(text("SELECT pg_sleep(0.01)"))
+            assert reader.execute(text("SELECT now()")).scalar_one() > first
+        assert reader.get(Lease, "x") is None
+    with pytest.raises(Boom), transaction(sessions) as writer:  # the same pooled connection
+        writer.add(Lease(name="x", holder="y", expires_at=datetime.now(UTC)))
+        writer.flush()
+        if postgres:
+            assert writer.execute(text("SELECT now() = statement_timestamp()")).scalar_one() is False
+        raise Boom
+    with transaction(sessions, readonly=True) as reader:
+        assert reader.get(Lease, "x") is None
+
+
 @pytest.mark.postgres
 def test_a_dropped_connection_costs_one_transaction_at_most(
     postgres_url: str, postgres_admin: Engine, monkeypatch: pytest.MonkeyPatch

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpufleet.api.hub import ChannelHub
 from gpufleet.api.service_proxy import ServiceProxy
 from gpufleet.auth.identity import IdentityProvider
+from gpufleet.auth.principal_cache import PrincipalCache
 from gpufleet.auth.throttle import LoginThrottle
 from gpufleet.core.clock import Clock
 from gpufleet.core.config import Settings
@@ -34,6 +35,7 @@ class HeadContext:
     throttle: LoginThrottle
     tasks: TaskRunner  # slow actions (bulk power, image sync, Ansible) run here, recorded as tasks
     services: ServiceProxy  # the /services/NAME/... proxy to inference services
+    principals: PrincipalCache  # API tokens resolved a moment ago
     assets: AssetLoops | None = None  # the leader's asset pass (tests drive it by hand)
     ca_pem: str | None = None  # the CA agents pin when the head serves TLS (see core.tls)
     ca_fingerprint: str | None = None

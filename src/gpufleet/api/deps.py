@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from gpufleet.api import audit
 from gpufleet.api.context import HeadContext
@@ -15,6 +16,7 @@ from gpufleet.auth import service as auth
 from gpufleet.auth.policy import Permission, allowed
 from gpufleet.auth.schemas import Principal
 from gpufleet.core import secrets
+from gpufleet.core.clock import to_datetime
 from gpufleet.core.db import transaction
 from gpufleet.core.errors import Forbidden, Unauthorized
 
@@ -60,12 +62,17 @@ def bearer_token(authorization: str | None) -> str:
 
 
 def authenticate(ctx: HeadContext, token: str, *, web_session: bool = False) -> Principal:
-    """Who presents `token`: a read; the rare write that records the use goes in its own transaction."""
+    """Who presents `token`: a read; the rare write that records the use goes in its own transaction.
+    An API token's answer is kept a moment for the next request (`auth.principal_cache`)."""
+    generation = ctx.principals.generation
     with transaction(ctx.sessions, readonly=True) as session:
         who = auth.authenticate(session, ctx.clock, token, web_session=web_session)
     if who.use_unrecorded:
         with transaction(ctx.sessions) as session:
             auth.record_use(session, ctx.clock, who)
+        generation = ctx.principals.generation  # the record's own commit emptied the cache
+    if not web_session:
+        ctx.principals.put(token, who, generation)
     return who
 
 
@@ -87,12 +94,16 @@ def session_principal(request: Request, ctx: HeadContext) -> Principal:
     return who
 
 
-def principal(request: Request, ctx: Ctx) -> Principal:
-    """The caller: a bearer token if one is presented, else the browser's session cookie."""
+async def principal(request: Request, ctx: Ctx) -> Principal:
+    """The caller: a bearer token if one is presented, else the browser's session cookie. async: a token
+    resolved a moment ago is answered from memory, without the trip to a request thread that a read takes."""
     authorization = request.headers.get("authorization")
     if authorization is None and SESSION_COOKIE in request.cookies:
-        return session_principal(request, ctx)
-    who = authenticate(ctx, bearer_token(authorization))
+        return await run_in_threadpool(session_principal, request, ctx)
+    token = bearer_token(authorization)
+    who = ctx.principals.get(token, to_datetime(ctx.clock.now()))
+    if who is None:
+        who = await run_in_threadpool(authenticate, ctx, token)
     request.state.actor = who.actor  # for the audit record
     return who
 

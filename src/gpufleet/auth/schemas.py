@@ -60,6 +60,7 @@ class Principal:
     user: str | None = None  # the user a token belongs to
     use_unrecorded: bool = False  # last use older than a minute: worth one write to record
     name: str = ""  # the token's name, or the node's, for the audit log
+    expires_at: datetime | None = None  # the token's own expiry
 
     @property
     def actor(self) -> str:

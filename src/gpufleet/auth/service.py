@@ -168,6 +168,7 @@ def authenticate(session: Session, clock: Clock, token: str, *, web_session: boo
         user=username,
         use_unrecorded=stale,
         name=name,
+        expires_at=row.expires_at,
     )
 
 

@@ -61,7 +61,16 @@ class Settings(DirectorySettings, NetworkSettings, StorageSettings):
     )
     max_request_bytes: int = Field(256 * 1024, ge=1024, le=64 * 1024 * 1024)
     request_threads: int = Field(
-        4, ge=1, le=256, description="threads running blocking request handlers; more starve the event loop"
+        2,
+        ge=1,
+        le=256,
+        description="threads running blocking request handlers in each head process; more contend for the interpreter",
+    )
+    auth_cache_s: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="how long a head process answers a repeated API token from memory; 0: never",
     )
     workers: int = Field(
         1, ge=1, le=64, description="head processes serving the listen address together (several need PostgreSQL)"

@@ -133,6 +133,19 @@ def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+def _reader(engine: Engine) -> Engine:
+    """The engine a read-only transaction uses (a view of `engine`: 20 µs to make, so made each time). On
+    PostgreSQL it runs in autocommit: at READ COMMITTED, PostgreSQL's default and gpufleet's, every
+    statement reads its own snapshot inside a transaction too, so BEGIN and COMMIT bought a read nothing
+    but two round trips (a third of an API request's, each one a hand-over of the interpreter lock between
+    request threads). SQLite keeps its deferred BEGIN: there a transaction is one snapshot, and the marker
+    only spares it the write lock."""
+    options: dict[str, Any] = {READONLY: True}
+    if engine.dialect.name == "postgresql":
+        options["isolation_level"] = "AUTOCOMMIT"
+    return engine.execution_options(**options)
+
+
 @contextmanager
 def transaction(factory: sessionmaker[Session], *, readonly: bool = False) -> Iterator[Session]:
     """One unit of work: commit on success, roll back on any error. Services never commit themselves.
@@ -142,8 +155,7 @@ def transaction(factory: sessionmaker[Session], *, readonly: bool = False) -> It
     """
     try:
         if readonly:
-            bind = factory.kw["bind"].execution_options(**{READONLY: True})
-            with factory(bind=bind) as session, session.begin():
+            with factory(bind=_reader(factory.kw["bind"])) as session, session.begin():
                 yield session
                 if session.new or session.dirty or session.deleted:
                     raise RuntimeError("a read-only transaction tried to write")
