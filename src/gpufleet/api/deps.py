@@ -67,10 +67,9 @@ def authenticate(ctx: HeadContext, token: str, *, web_session: bool = False) -> 
     generation = ctx.principals.generation
     with transaction(ctx.sessions, readonly=True) as session:
         who = auth.authenticate(session, ctx.clock, token, web_session=web_session)
-    if who.use_unrecorded:
+    if who.use_unrecorded:  # its commit empties the cache, so this answer is not kept: the next one is
         with transaction(ctx.sessions) as session:
             auth.record_use(session, ctx.clock, who)
-        generation = ctx.principals.generation  # the record's own commit emptied the cache
     if not web_session:
         ctx.principals.put(token, who, generation)
     return who
