@@ -27,6 +27,7 @@ from gpufleet.lifecycle.models import BurnIn, Campaign
 from gpufleet.power import service as power
 from gpufleet.power.ports import BmcTarget, PowerState
 from gpufleet.protocol.burnin import StepResult
+from gpufleet.tasks import service as tasks_service
 from gpufleet.tasks.models import Task
 from gpufleet.tasks.runner import TaskRunner, Work
 from tests.conftest import need
@@ -384,6 +385,10 @@ def test_an_action_whose_head_stopped_runs_again(fleet: Fleet) -> None:
     done = fleet.until(lambda c: c.state == "completed")
     assert done.nodes[0].results["0"]["attempts"] == 2
     assert any(a == "maintenance.retry" and "task 1 was lost" in t for a, t in audit_actions(fleet))
+    with transaction(fleet.sessions, readonly=True) as s:
+        lost = tasks_service.get(s, 1)  # given up before the retry: its head, if only stalled, acts no more
+        assert lost.state == "interrupted"
+        assert "tried again" in lost.summary
 
 
 def test_a_power_cycle_waits_for_the_node_to_come_back(fleet: Fleet) -> None:

@@ -134,6 +134,39 @@ def test_stagger_spaces_the_starts(sessions: sessionmaker[Session], clock: FakeC
     assert min(gaps) >= 0.09
 
 
+def test_a_task_given_up_as_lost_acts_on_no_further_target(sessions: sessionmaker[Session], clock: FakeClock) -> None:
+    """A head that was stalled, not dead, wakes after another took its task over (`supersede`, before a
+    retry): the targets it had not begun are left alone, and its end does not overwrite the verdict."""
+    names = ["a", "b", "c"]
+    task_id = _task(sessions, clock, names)
+    acted: list[str] = []
+
+    def work(ctx: TaskContext) -> str:
+        def act(node: str) -> TargetResult:
+            acted.append(node)
+            if node == "a":  # the head stalls mid-task; meanwhile another gives the task up
+                with transaction(sessions) as s:
+                    service.supersede(s, clock, task_id, "its head stopped beating; tried again")
+            return TargetResult(True, "rebooted")
+
+        ctx.fan_out(names, act, limit=1)
+        return "done"
+
+    runner = TaskRunner(sessions, clock)
+    runner.start(task_id, work)
+    runner.wait(task_id, 10)
+    assert acted == ["a"]  # b and c: no second reboot beside the retry
+    with transaction(sessions, readonly=True) as s:
+        task = service.get(s, task_id)
+        assert task.state == "interrupted"
+        assert task.summary == "interrupted: its head stopped beating; tried again"
+        assert {t.target: t.state for t in task.targets} == {"a": "failed", "b": "failed", "c": "failed"}
+    with transaction(sessions) as s:  # an ended task is not given up again
+        service.supersede(s, clock, task_id, "again")
+    with transaction(sessions, readonly=True) as s:
+        assert service.get(s, task_id).summary.endswith("tried again")
+
+
 def test_duplicate_targets_are_refused_and_nothing_is_written(
     sessions: sessionmaker[Session], clock: FakeClock
 ) -> None:

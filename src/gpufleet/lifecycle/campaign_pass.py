@@ -48,6 +48,7 @@ from gpufleet.lifecycle.campaigns import (
 )
 from gpufleet.lifecycle.models import CAMPAIGN_ACTIVE, BurnIn, Campaign, CampaignNode
 from gpufleet.lifecycle.occupancy import busy_jobs, slurm_busy
+from gpufleet.tasks import service as tasks_service
 from gpufleet.tasks.models import Task
 from gpufleet.tasks.service import FINISHED_STATES, INTERRUPTED, SUCCEEDED
 
@@ -371,6 +372,8 @@ class _Pass:
             beat = task.heartbeat_at or task.created_at
             if task.id in self.live or self.now - beat.timestamp() < TASK_LOST_AFTER_S:
                 return
+            # Given up before it is tried again: its head, if only stalled, then acts on no further node.
+            tasks_service.supersede(self.session, self.env.clock, task.id, "its head stopped beating; tried again")
             self._retry_or_fail(member, node, f"{text}: task {task.id} was lost (its head stopped)")
             return
         if task is None or task.state == INTERRUPTED:

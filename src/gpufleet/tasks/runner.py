@@ -51,6 +51,13 @@ class TaskContext:
         with transaction(self._sessions) as session:
             service.target_running(session, self._clock, self.task_id, target)
 
+    def acting(self, target: str) -> None:
+        """`running`, once the task is known to be still this head's: raises Superseded when another head
+        has given it up as lost (`service.supersede`). Called before each target's action."""
+        with transaction(self._sessions) as session:
+            service.still_ours(session, self.task_id, target)
+            service.target_running(session, self._clock, self.task_id, target)
+
     def finished(self, target: str, ok: bool, detail: str = "", data: dict[str, Any] | None = None) -> None:
         self._finish(target, OK if ok else FAILED, detail, data)
 
@@ -70,7 +77,8 @@ class TaskContext:
         stagger_s: float = 0.0,
     ) -> None:
         """Run `fn` for every target, at most `limit` at once, starts at least `stagger_s` apart (power-on
-        inrush). An exception in `fn` fails that target with its message; the others go on."""
+        inrush). An exception in `fn` fails that target with its message; the others go on. A task given
+        up as lost meanwhile acts on no further target."""
         if not targets:
             return
         gate = threading.Lock()
@@ -78,7 +86,7 @@ class TaskContext:
 
         def one(target: str) -> None:
             try:
-                self.running(target)
+                self.acting(target)
                 if stagger_s > 0:
                     # Starts are spaced even when many workers are free at once. `fn` follows the gate
                     # directly (the database write above comes first) so its calls, the power-ons

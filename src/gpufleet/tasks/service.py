@@ -9,19 +9,25 @@ Functions here take a session and never commit.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gpufleet.core.clock import Clock, to_datetime
-from gpufleet.core.errors import InvalidInput, NotFound
+from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.tasks.models import Task, TaskTarget
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, INTERRUPTED = "queued", "running", "succeeded", "failed", "interrupted"
 FINISHED_STATES = frozenset({SUCCEEDED, FAILED, INTERRUPTED})
 PENDING, OK, SKIPPED = "pending", "ok", "skipped"  # target states, with RUNNING and FAILED
 DETAIL_LIMIT = 4000  # a target's detail is the tail of a program's output, not all of it
+
+
+class Superseded(Conflict):
+    """The task is no longer running here: another head marked it interrupted when its heartbeats stopped
+    (a stalled head, not a dead one), and may have started its work again as a new task."""
 
 
 def create(
@@ -72,6 +78,15 @@ def mark_running(session: Session, clock: Clock, task_id: int) -> None:
     session.execute(update(Task).where(Task.id == task_id).values(state=RUNNING, started_at=now, heartbeat_at=now))
 
 
+def still_ours(session: Session, task_id: int, target: str) -> None:
+    """Raises Superseded when the task has ended elsewhere: the head that runs it was taken for dead, so it
+    must not act on another target (the fence that keeps a stalled head, once it wakes, from rebooting a
+    node a second time beside the retry)."""
+    state = session.scalar(select(Task.state).where(Task.id == task_id))
+    if state is None or state in FINISHED_STATES:
+        raise Superseded(f"task {task_id} is {state or 'gone'}: another head took its work over; {target} left alone")
+
+
 def target_running(session: Session, clock: Clock, task_id: int, target: str) -> None:
     session.execute(
         update(TaskTarget)
@@ -116,8 +131,11 @@ def target_finished(
 
 def finish(session: Session, clock: Clock, task_id: int, *, error: str | None, summary: str | None) -> str:
     """End the task: failed if the work raised or any target failed, else succeeded. Targets never
-    reached (the work stopped early) are marked skipped. Returns the final state."""
+    reached (the work stopped early) are marked skipped. Returns the final state; a task interrupted
+    meanwhile (`supersede`, `interrupt_stale`) stays interrupted."""
     task = get(session, task_id)
+    if task.state == INTERRUPTED:
+        return INTERRUPTED
     now = to_datetime(clock.now())
     for target in task.targets:
         if target.state in (PENDING, RUNNING):
@@ -156,11 +174,23 @@ def interrupt_stale(session: Session, clock: Clock, stale_after_s: float) -> int
     ).all()
     now = to_datetime(clock.now())
     for task in stale:
-        for target in task.targets:
-            if target.state in (PENDING, RUNNING):
-                target.state, target.detail, target.finished_at = FAILED, "interrupted: the head stopped", now
-                task.done += 1
-                task.failed += 1
-        task.state, task.finished_at = INTERRUPTED, now
-        task.summary = "interrupted: the head running it stopped"
+        _interrupt(task, now, "interrupted: the head stopped", "interrupted: the head running it stopped")
     return len(stale)
+
+
+def supersede(session: Session, clock: Clock, task_id: int, why: str) -> None:
+    """Give up an unfinished task whose head stopped beating, before its work is started again as a new
+    task: it is marked interrupted, so its head, if only stalled, acts on no further target
+    (`target_running`) and its end changes nothing (`finish`)."""
+    task = session.get(Task, task_id)
+    if task is not None and task.state not in FINISHED_STATES:
+        _interrupt(task, to_datetime(clock.now()), f"interrupted: {why}", f"interrupted: {why}"[:1024])
+
+
+def _interrupt(task: Task, now: datetime, detail: str, summary: str) -> None:
+    for target in task.targets:
+        if target.state in (PENDING, RUNNING):
+            target.state, target.detail, target.finished_at = FAILED, detail[:DETAIL_LIMIT], now
+            task.done += 1
+            task.failed += 1
+    task.state, task.finished_at, task.summary = INTERRUPTED, now, summary
