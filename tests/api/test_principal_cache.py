@@ -60,9 +60,13 @@ def _whoami(client: TestClient, token: str) -> int:
     return client.get("/api/v1/whoami", headers={"Authorization": f"Bearer {token}"}).status_code
 
 
-def test_a_repeated_token_is_read_twice(client: TestClient, alice: str, reads: TokenReads) -> None:
-    """The first use is recorded (a write to api_tokens, which empties the cache), the second is kept."""
-    assert [_whoami(client, alice) for _ in range(5)] == [200] * 5
+def test_a_repeated_token_is_read_twice(
+    tmp_path: Path, sessions: sessionmaker[Session], clock: FakeClock, alice: str, reads: TokenReads
+) -> None:
+    """The first use is recorded (a write to api_tokens, which empties the cache), the second is kept
+    (for a minute here, so that a slow machine cannot let it lapse between the calls)."""
+    with _app(tmp_path, sessions, clock, alice, ttl_s=60) as client:
+        assert [_whoami(client, alice) for _ in range(5)] == [200] * 5
     assert reads.count == 2
 
 
@@ -82,10 +86,15 @@ def test_a_revoked_token_or_a_disabled_user_is_refused_at_once(
     assert _whoami(client, alice) == 401
 
 
-def test_an_expired_token_is_refused_though_kept(client: TestClient, alice: str, clock: FakeClock) -> None:
-    assert _whoami(client, alice) == 200
-    clock.advance(3601)
-    assert _whoami(client, alice) == 401
+def test_an_expired_token_is_refused_though_kept(
+    tmp_path: Path, sessions: sessionmaker[Session], clock: FakeClock, alice: str, reads: TokenReads
+) -> None:
+    with _app(tmp_path, sessions, clock, alice, ttl_s=60) as client:
+        assert [_whoami(client, alice) for _ in range(2)] == [200, 200]  # the second is kept
+        kept = reads.count
+        clock.advance(3601)
+        assert _whoami(client, alice) == 401
+        assert reads.count == kept + 1  # not answered from memory: read, and refused
 
 
 def test_a_change_another_process_commits_is_seen_within_the_ttl(
