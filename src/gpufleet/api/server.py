@@ -37,7 +37,7 @@ from uvicorn.supervisors.multiprocess import Process
 
 from gpufleet.api.app import create_app
 from gpufleet.auth import service as auth
-from gpufleet.core import gc_tuning, logs, tls
+from gpufleet.core import gc_tuning, logs, orphans, tls
 from gpufleet.core.clock import SystemClock
 from gpufleet.core.config import Settings
 from gpufleet.core.db import make_engine, make_session_factory, transaction
@@ -188,8 +188,10 @@ def _config(
 
 def worker_app(settings: Settings, role: Role = Role.ALL) -> FastAPI:
     """One of several head processes (called in the process, by uvicorn): the app over the database
-    the parent migrated. A spawned process starts with no logging set up: it gets the parent's."""
+    the parent migrated. A spawned process starts with no logging set up: it gets the parent's. It ends
+    with its supervisor, even one killed with SIGKILL (`core.orphans`)."""
     logs.configure(settings.log_level)
+    orphans.end_with_parent()
     if role is Role.API:
         # The kernel, not the API's load, decides how much CPU the channel process gets: with the API's
         # processes niced, a heartbeat never waits behind a page or a list (measured: docs/benchmarks.md).
