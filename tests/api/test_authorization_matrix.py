@@ -12,8 +12,8 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpufleet.api.app import API_PREFIX, API_ROUTERS, ROOT_ROUTERS
 from gpufleet.api.deps import PermissionCheck
+from gpufleet.api.served_routes import API_PREFIX, API_ROUTERS, ROOT_ROUTERS
 from gpufleet.auth import service as auth
 from gpufleet.auth.policy import Permission, Role, allowed
 from gpufleet.core.clock import FakeClock

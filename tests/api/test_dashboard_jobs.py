@@ -10,9 +10,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from gpufleet.api.app import API_PREFIX
 from gpufleet.api.dashboard import jobs as dashboard_jobs
 from gpufleet.api.routers import job_metrics
+from gpufleet.api.served_routes import API_PREFIX
 from gpufleet.core.db import transaction
 from gpufleet.jobs import output
 from gpufleet.jobs.models import JobState

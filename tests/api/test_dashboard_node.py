@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpufleet.api.app import API_PREFIX
+from gpufleet.api.served_routes import API_PREFIX
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.db import transaction
 from gpufleet.inventory import service as inventory

@@ -13,8 +13,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner, Result
 
-from gpufleet.api.app import API_PREFIX, create_app
+from gpufleet.api.app import create_app
 from gpufleet.api.routers import slurm_accounts as route
+from gpufleet.api.served_routes import API_PREFIX
 from gpufleet.auth import projects
 from gpufleet.auth import service as auth
 from gpufleet.auth.policy import Role

@@ -18,8 +18,9 @@ from fastapi.testclient import TestClient
 from filelock import FileLock
 from sqlalchemy.orm import Session, sessionmaker
 
-from gpufleet.api.app import API_PREFIX, create_app
+from gpufleet.api.app import create_app
 from gpufleet.api.routers import slurm_accounts as route
+from gpufleet.api.served_routes import API_PREFIX
 from gpufleet.auth import audit, projects
 from gpufleet.auth import service as auth
 from gpufleet.auth.schemas import UserCreate
