@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from fastapi.testclient import TestClient
 from filelock import FileLock
@@ -257,3 +258,11 @@ def cli_through(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
 
     head = HeadClient("http://head", "t", transport=httpx.MockTransport(forward))
     monkeypatch.setattr(CliState, "client", lambda _self, *_a, **_k: head)
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs: a zombie (ended, not yet reaped by its parent) does not."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from filelock import FileLock
 
@@ -33,7 +32,7 @@ from gpufleet.agent.jobs.identity import DEFAULT_PATH, CannotStart, Identity, id
 from gpufleet.agent.jobs.ports import JobExecutor, RankResult
 from gpufleet.agent.jobs.process import ProcessExecutor
 from gpufleet.protocol.jobs import MAX_OUTPUT_CHUNK, JobStart
-from tests.conftest import ROOT, need
+from tests.conftest import ROOT, alive, need
 from tests.services import require_tool
 
 GRACE_S = 0.5
@@ -99,13 +98,6 @@ def run(
 def wait_for_lines(path: Path, lines: int) -> None:
     while not (path.exists() and len(path.read_text().split()) >= lines):
         time.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def pids_in(path: Path) -> list[int]:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import alive
+
 # The parent: starts a child the way uvicorn's supervisor does (multiprocessing, spawn), prints its pid,
 # and waits. The child asks to end with its parent, says so, and would otherwise sleep for a minute.
 PARENT = """
@@ -31,14 +33,6 @@ if __name__ == "__main__":
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:  # a zombie has ended: only its parent's wait is left
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("ask", [True, False])
 def test_a_child_ends_with_its_killed_parent_only_if_it_asked(ask: bool, tmp_path: Path) -> None:
@@ -52,9 +46,9 @@ def test_a_child_ends_with_its_killed_parent_only_if_it_asked(ask: bool, tmp_pat
         parent.kill()
         parent.wait(10)
         deadline = time.monotonic() + (10 if ask else 1.5)  # an orphan that lives: seen soon enough
-        while _alive(child) and time.monotonic() < deadline:
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _alive(child) is not ask  # without the request, the orphan lives on
+        assert alive(child) is not ask  # without the request, the orphan lives on
     finally:
-        if _alive(child):
+        if alive(child):
             os.kill(child, signal.SIGKILL)

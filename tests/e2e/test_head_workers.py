@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import alive
 from tests.e2e.conftest import Head, lease_holder, start_sim, stop, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -78,29 +79,17 @@ def test_two_head_processes_survive_the_leaders_kill(postgres_url: str, tmp_path
         assert all(j["state"] == "running" for j in jobs.values())  # and none was requeued or lost its run
 
         # The supervisor killed in turn: its processes end with it, and free the address.
-        processes = {a["pid"] for a in (_health(head) for _ in range(20)) if a}
+        processes = {int(str(a["pid"])) for a in (_health(head) for _ in range(20)) if a}
         assert head.proc is not None
         head.proc.kill()
         head.proc.wait(10)
-        wait_for(lambda: not any(_alive(int(str(pid))) for pid in processes), timeout=20, interval=0.2)
+        wait_for(lambda: not any(alive(pid) for pid in processes), timeout=20, interval=0.2)
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", head.port))  # a restarted head could listen again
     finally:
         stop(sim)
         head.kill(signal.SIGTERM)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as stat:  # a zombie has ended: only its parent's wait is left
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_several_head_processes_need_postgresql(tmp_path: Path) -> None:

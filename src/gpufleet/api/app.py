@@ -78,8 +78,8 @@ async def _serving(runner: TaskRunner, request_threads: int, proxy: ServiceProxy
     # second thread runs while the first waits for the database, and more only hand the lock round (each
     # statement releases it). Measured on PostgreSQL, 2 processes on 2 cores, 6 runs each interleaved: 4
     # threads a process took 257-401 job submissions a second at 3.7-6.1 ms of CPU each, 2 threads 368-459
-    # at 3.6-4.5 ms. The
-    # agents' uploads and their channels' reports run on the same few threads (api.routers.agent).
+    # at 3.6-4.5 ms. The agents' uploads and their channels' reports run on the same few threads
+    # (api.routers.agent).
     anyio.to_thread.current_default_thread_limiter().total_tokens = request_threads
     runner.watch()
     try:

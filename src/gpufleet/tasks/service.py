@@ -181,7 +181,7 @@ def interrupt_stale(session: Session, clock: Clock, stale_after_s: float) -> int
 def supersede(session: Session, clock: Clock, task_id: int, why: str) -> None:
     """Give up an unfinished task whose head stopped beating, before its work is started again as a new
     task: it is marked interrupted, so its head, if only stalled, acts on no further target
-    (`target_running`) and its end changes nothing (`finish`)."""
+    (`still_ours`) and its end changes nothing (`finish`)."""
     task = session.get(Task, task_id)
     if task is not None and task.state not in FINISHED_STATES:
         _interrupt(task, to_datetime(clock.now()), f"interrupted: {why}", f"interrupted: {why}"[:1024])
